@@ -1,0 +1,516 @@
+"""The pieces every script here shares, written so that you can copy any one of them.
+
+    from common import evaluate, get_device, set_seed, train_one_epoch
+
+    set_seed(42)
+    device = get_device()  # "auto": CUDA, MPS or XPU when present, else the CPU
+    for epoch in range(1, epochs + 1):
+        train_loss = train_one_epoch(model, train_loader, criterion, optimizer, device, epoch=epoch)
+        val_loss, val_acc = evaluate(model, val_loader, criterion, device)
+
+Sections: errors, reproducibility, device, models, data, the training loop, checkpoints.
+Each public function gets everything it needs through its arguments (no globals, no config
+object), so it keeps working when pasted into another file with `import torch`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# ---------------------------------------------------------------------------------------------
+# errors
+## The scripts print these three in one line and exit with code 1: they are problems a user can
+## fix (bad data, a bad file, a run that diverged). Any other exception is a bug in the code, and
+## keeps its traceback.
+
+
+class DataError(ValueError):
+    """Training data that cannot be used: labels out of range, NaN inputs, missing MNIST files."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, damaged, unsafe to load, or made for another model."""
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite, so the weights are no longer usable."""
+
+
+# ---------------------------------------------------------------------------------------------
+# reproducibility
+
+
+def set_seed(seed: int) -> torch.Generator:
+    """Seed Python's `random` and PyTorch (CPU and every accelerator); return a CPU generator."""
+    random.seed(seed)
+    ## torch.manual_seed seeds the CPU *and* every accelerator's generator (CUDA, MPS, XPU), so
+    ## weight initialisation, dropout and torch.randperm repeat exactly from run to run.
+    torch.manual_seed(seed)
+    ## Give the returned generator to DataLoader(generator=...). The shuffling order, and the seeds
+    ## that worker processes receive, then come from it and not from whatever consumed the global
+    ## generator before (a model built with more layers would otherwise change the data order).
+    return torch.Generator().manual_seed(seed)
+
+
+def seed_worker(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: seed Python's `random` in a worker from its torch seed."""
+    ## Each worker process gets torch seed base_seed + worker_id, with base_seed drawn from the
+    ## loader's generator. Recent PyTorch also seeds `random` this way; doing it here explicitly
+    ## keeps augmentations written with `random` reproducible with num_workers > 0 everywhere.
+    random.seed(torch.initial_seed() % 2**32)
+
+
+# ---------------------------------------------------------------------------------------------
+# device
+
+
+def get_device(name: str = "auto") -> torch.device:
+    """Return torch.device(name); "auto" picks the available accelerator, else the CPU."""
+    ## torch.accelerator covers CUDA, ROCm, Apple MPS and Intel XPU with one API, so the same
+    ## script runs on all of them. Pass "cpu" to skip the query (and the GPU stack) altogether.
+    if name == "auto":
+        if torch.accelerator.is_available():
+            return torch.accelerator.current_accelerator()
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:1, mps or "
+                         "xpu") from err
+    if device.type == "cpu":
+        return device
+    found = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if found is None or found.type != device.type:
+        hint = ""
+        if device.type == "cuda":  # the two usual causes: a CPU-only wheel, or no driver
+            build = "a CPU-only build" if torch.version.cuda is None else "built with CUDA"
+            hint = (f" This PyTorch ({torch.__version__}) is {build}; `nvidia-smi` shows "
+                    "whether a driver and a GPU are visible.")
+        raise ValueError(f"device {name!r} is not available here (accelerator found: "
+                         f"{found.type if found else 'none'}). Use --device cpu or auto.{hint}")
+    if device.index is not None and device.index >= torch.accelerator.device_count():
+        raise ValueError(f"device {name!r} does not exist: this machine has "
+                         f"{torch.accelerator.device_count()} {device.type} device(s)")
+    return device
+
+
+# ---------------------------------------------------------------------------------------------
+# models
+## A model is an nn.Module: layers with weights are created in __init__, which registers their
+## parameters (model.parameters() finds them, model.to(device) moves them); forward() says how data
+## flows through them. Neither model ends in a softmax: nn.CrossEntropyLoss applies log-softmax
+## itself, and a second softmax would squash the logits and slow learning.
+
+
+class MLP(nn.Module):
+    """784-128-64-10 fully connected network for 1x28x28 images; returns 10 logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(28 * 28, 128)
+        self.fc2 = nn.Linear(128, 64)
+        self.fc3 = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1)  # [batch, 1, 28, 28] -> [batch, 784]: an MLP sees a flat vector
+        x = torch.relu(self.fc1(x))  # relu has no weights, so a function call is enough
+        x = torch.relu(self.fc2(x))
+        return self.fc3(x)  # raw scores (logits), one per class
+
+
+class CNN(nn.Module):
+    """Two conv+ReLU+max-pool blocks and two linear layers for 1x28x28 images; returns 10 logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, kernel_size=3, padding=1)  # 28x28 -> pool -> 14x14
+        self.conv2 = nn.Conv2d(32, 64, kernel_size=3, padding=1)  # 14x14 -> pool -> 7x7
+        self.dropout = nn.Dropout(0.25)  # active in model.train(), a no-op in model.eval()
+        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ## Convolutions reuse the same small filters at every position, so a stroke is recognised
+        ## wherever it is; pooling halves the resolution and adds a little shift tolerance.
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = self.dropout(x.flatten(1))
+        x = torch.relu(self.fc1(x))
+        return self.fc2(x)
+
+
+MODELS = {"mlp": MLP, "cnn": CNN}
+
+
+def build_model(name: str) -> nn.Module:
+    """Return a freshly initialised model by name ("mlp" or "cnn")."""
+    ## Checkpoints store this name, so predict.py rebuilds exactly the architecture trained.
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    return MODELS[name]()
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081  # mean and std of MNIST training pixels scaled to 0..1
+MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+               "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+def load_mnist(data_dir: str | Path, train: bool, download: bool = True,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return MNIST images (uint8, N x 28 x 28) and labels (int64), downloading on first use."""
+    import socket
+
+    from torchvision import datasets  # imported here, so predict.py does not pay for it
+
+    raw = Path(data_dir) / "MNIST" / "raw"
+    for name in MNIST_FILES:  # torchvision trusts files that exist; check them first
+        if (raw / name).exists() and (problem := _idx_problem(raw / name)):
+            raise DataError(f"{raw / name} is damaged ({problem}). Delete it, and its .gz if "
+                            "there is one, then run again to download it afresh.")
+    old_timeout = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(30)  # a blocked network fails after 30 s instead of hanging
+    try:
+        dataset = datasets.MNIST(root=data_dir, train=train, download=download)
+    except (RuntimeError, OSError) as err:  # offline, blocked mirror, bad .gz, disk full
+        for name, md5 in datasets.MNIST.resources:
+            gz = raw / name
+            if gz.exists() and not datasets.utils.check_integrity(str(gz), md5):
+                raise DataError(f"{gz} is damaged (its checksum is wrong) and no fresh copy "
+                                "could be downloaded. Delete it and run again with internet "
+                                "access, or put a good copy there.") from err
+        missing = [n for n in MNIST_FILES if not (raw / n).exists()]
+        raise DataError(
+            f"MNIST is not in {raw}/ (missing: {', '.join(missing)}) and downloading it failed: "
+            f"{_first_line(err)}. Run once with internet access, or copy the four files "
+            f"{', '.join(n + '.gz' for n in MNIST_FILES)} into {raw}/.") from err
+    finally:
+        socket.setdefaulttimeout(old_timeout)
+    return dataset.data, dataset.targets
+
+
+def _idx_problem(path: Path) -> str | None:
+    """Say what is wrong with an IDX file (MNIST's format), or return None if it looks whole."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        header = f.read(4)
+        ## Magic number: two zero bytes, 0x08 (unsigned bytes), then the number of dimensions.
+        if len(header) < 4 or header[:3] != b"\x00\x00\x08" or not 1 <= header[3] <= 3:
+            return "not an IDX file of bytes: wrong magic number"
+        dims = f.read(4 * header[3])
+    if len(dims) < 4 * header[3]:
+        return "truncated inside its header"
+    shape = [int.from_bytes(dims[i:i + 4], "big") for i in range(0, len(dims), 4)]
+    expected = 4 + len(dims) + math.prod(shape)
+    if size != expected:
+        return f"{size:,} bytes where its header promises {expected:,}: truncated or padded"
+    return None
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def normalize_images(images: torch.Tensor, mean: float, std: float,
+                     device: str | torch.device = "cpu") -> torch.Tensor:
+    """Turn uint8 images (N x H x W) into float32 N x 1 x H x W on `device`, standardised."""
+    ## Done once for the whole dataset instead of once per sample per epoch: this is the work that
+    ## ToTensor() + Normalize() repeat inside a DataLoader. Move the uint8 bytes first (4x less to
+    ## copy than float32), then convert on the device, in place, so only one float copy exists.
+    x = images.to(device).unsqueeze(1).float()
+    return x.div_(255).sub_(mean).div_(std)
+
+
+def check_batch(inputs: torch.Tensor, targets: torch.Tensor, num_classes: int) -> None:
+    """Raise DataError if a label is outside 0..num_classes-1 or an input holds NaN or inf."""
+    ## CrossEntropyLoss needs labels 0, 1, ..., C-1. Labels like 1..10 crash on the CPU and give
+    ## an unreadable "device-side assert" on a GPU; NaN inputs silently turn the loss into NaN.
+    bad = (targets < 0) | (targets >= num_classes)
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        raise DataError(f"label {int(targets[i])} at position {i} is outside 0..{num_classes - 1}. "
+                        f"Class labels must be integers from 0 to {num_classes - 1}: remap them "
+                        "(for example 1..10 -> 0..9), or give the model one output per class.")
+    if inputs.is_floating_point() and not torch.isfinite(inputs).all():
+        i = int((~torch.isfinite(inputs.flatten(1))).any(1).nonzero()[0])
+        raise DataError(f"input at position {i} contains NaN or inf. Clean or drop that sample "
+                        "(check how it was read and normalised: a division by a zero std?)")
+
+
+class TensorLoader:
+    """Shuffled mini-batches from tensors already in memory, used like a DataLoader."""
+
+    ## A DataLoader calls dataset[i] once per sample and collates the results: flexible (files on
+    ## disk, random augmentation per sample) but it spends far more time than a small model needs.
+    ## When the whole dataset fits in memory, as MNIST does (47 MB as bytes), one indexing
+    ## operation per batch does the same job. On a GPU the tensors live in GPU memory, and batches
+    ## never cross the PCIe bus. With world_size > 1 each process (rank) takes every
+    ## world_size-th sample of the shuffled order, exactly as DistributedSampler does.
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int,
+                 shuffle: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        if len(inputs) != len(targets):
+            raise ValueError(f"{len(inputs)} inputs but {len(targets)} targets")
+        self.inputs, self.targets, self.batch_size = inputs, targets, batch_size
+        self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
+        self.transform = transform  # applied to each batch of inputs (e.g. augmentation)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Shuffle with seed + epoch, as DistributedSampler.set_epoch does."""
+        self.epoch = epoch
+
+    def _local_order(self) -> torch.Tensor:
+        n = len(self.targets)
+        if self.shuffle:  # a fresh order every epoch, the same on every rank
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(n, generator=generator)
+        else:
+            order = torch.arange(n)
+        if self.world_size > 1:
+            if self.shuffle:  # training: wrap around so that all ranks get as many batches
+                order = torch.cat([order, order[: -n % self.world_size]])
+            order = order[self.rank :: self.world_size]  # evaluation: no padding, exact metrics
+        return order
+
+    def __len__(self) -> int:  # batches per epoch on this rank
+        n = len(self.targets)
+        if self.shuffle:
+            local = math.ceil(n / self.world_size)
+        else:
+            local = len(range(self.rank, n, self.world_size))
+        return math.ceil(local / self.batch_size)
+
+    def __iter__(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+        order = self._local_order().to(self.inputs.device)  # one small copy per epoch
+        self.epoch += 1  # if set_epoch() is never called, the next epoch still reshuffles
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            inputs = self.inputs[idx]
+            if self.transform is not None:
+                inputs = self.transform(inputs)
+            yield inputs, self.targets[idx]
+
+
+# ---------------------------------------------------------------------------------------------
+# the training loop
+
+
+def make_optimizer(name: str, params: Iterable, lr: float,
+                   device: str | torch.device) -> torch.optim.Optimizer:
+    """Return Adam or SGD (momentum 0.9), fused into one kernel on devices that support it."""
+    ## "Fused" updates all parameters in one kernel instead of several small operations per
+    ## weight tensor: the same arithmetic, much less overhead, which matters for small models.
+    fused = torch.device(device).type in ("cpu", "cuda", "mps", "xpu")
+    if name == "adam":  # adapts a step size per weight: the forgiving default
+        return torch.optim.Adam(params, lr=lr, fused=fused)
+    if name == "sgd":  # with momentum; often generalises a little better once lr is tuned
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, fused=fused)
+    raise ValueError(f"unknown optimizer {name!r}; choose adam or sgd")
+
+
+def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
+                    optimizer: torch.optim.Optimizer, device: str | torch.device, *,
+                    epoch: int = 1, log_interval: int = 200, amp_dtype: torch.dtype | None = None,
+                    scaler: torch.amp.GradScaler | None = None, clip_grad: float | None = None,
+                    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+                    log: Callable[[str], None] | None = print) -> float:
+    """Train for one pass over `loader`; return the average loss per sample."""
+    device = torch.device(device)
+    model.train()  # Dropout and BatchNorm behave differently while training; evaluate() undoes this
+    num_batches = len(loader) if hasattr(loader, "__len__") else "?"
+    ## Losses are summed on the device. `total += loss` would keep every batch's autograd graph
+    ## alive (memory grows until it runs out); .detach() drops the graph. We read the number back
+    ## with .item() only every log_interval batches, because on a GPU each .item() makes the CPU
+    ## wait until the GPU has finished all queued work.
+    total_loss = torch.zeros((), device=device)
+    seen = logged_seen = 0
+    logged_loss = 0.0
+    for batch, (inputs, targets) in enumerate(loader, start=1):
+        ## non_blocking lets a copy from pinned CPU memory overlap with GPU work already queued.
+        inputs = inputs.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
+        ## 1. Clear old gradients. backward() *adds* to .grad, so without this every step would
+        ##    also apply all previous batches' gradients. (set_to_none frees them, cheaper than 0.)
+        optimizer.zero_grad(set_to_none=True)
+        ## 2-3. Forward pass and loss. autocast runs matmuls and convolutions in bfloat16/float16
+        ##    where that is safe and keeps the rest, such as the loss, in float32.
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            outputs = model(inputs)
+            if targets.device.type == "cpu":  # free here; on a GPU it would stall every batch
+                check_batch(inputs, targets, outputs.shape[-1])
+            loss = criterion(outputs, targets)
+        ## 4. Backward pass: fill every parameter's .grad with d(loss)/d(parameter). A GradScaler
+        ##    (float16 only) multiplies the loss first so that small gradients do not round to 0.
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        ## 5. Optional clipping: rescale all gradients if their joint norm exceeds clip_grad, so
+        ##    one bad batch cannot throw the weights far away. With a scaler, unscale first.
+        if clip_grad is not None:
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+        ## 6. Update the weights with the gradients. Stepping before backward(), or zeroing
+        ##    between backward() and step(), raises no error: the model just never learns.
+        if scaler is not None:
+            scaler.step(optimizer)  # skips the step if the float16 gradients overflowed
+            scaler.update()
+        else:
+            optimizer.step()
+        if scheduler is not None:
+            scheduler.step()  # per-batch learning-rate schedule (e.g. warmup + cosine)
+        ## Weight by batch size: the last batch may be short, and the average is per sample.
+        total_loss += loss.detach().float() * targets.size(0)
+        seen += targets.size(0)
+        if batch % log_interval == 0:
+            current = total_loss.item()
+            interval = (current - logged_loss) / (seen - logged_seen)
+            _check_finite(interval, epoch, batch)
+            if log is not None:
+                log(f"Epoch {epoch} | Batch {batch}/{num_batches} | Loss {interval:.4f}")
+            logged_loss, logged_seen = current, seen
+    if seen == 0:
+        raise DataError("the training loader produced no batches: is the dataset empty?")
+    average = total_loss.item() / seen
+    _check_finite(average, epoch, "the end")
+    return average
+
+
+def _check_finite(loss: float, epoch: int, where: int | str) -> None:
+    if not math.isfinite(loss):
+        raise NonFiniteLossError(
+            f"the loss became {loss} in epoch {epoch} (checked at batch {where}); training stopped "
+            "and the last saved checkpoint was left untouched. Try a 10x lower learning rate "
+            "(--lr), gradient clipping (--clip-grad 1.0), and check the inputs for NaN or inf.")
+
+
+def evaluate(model: nn.Module, loader: Iterable, criterion: nn.Module,
+             device: str | torch.device, *, amp_dtype: torch.dtype | None = None,
+             ) -> tuple[float, float]:
+    """Return (average loss per sample, accuracy) of `model` on `loader`, without training it."""
+    device = torch.device(device)
+    ## eval() switches Dropout off and makes BatchNorm use its running statistics. inference_mode
+    ## (a stricter, faster no_grad) records no autograd graph: no memory is kept for a backward
+    ## pass that will never happen, and no .grad is touched.
+    model.eval()
+    total_loss = torch.zeros((), device=device)
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    seen = 0
+    with torch.inference_mode(), torch.autocast(device.type, dtype=amp_dtype,
+                                                enabled=amp_dtype is not None):
+        for inputs, targets in loader:
+            inputs = inputs.to(device, non_blocking=True)
+            targets = targets.to(device, non_blocking=True)
+            outputs = model(inputs)
+            if targets.device.type == "cpu":
+                check_batch(inputs, targets, outputs.shape[-1])
+            total_loss += criterion(outputs, targets).float() * targets.size(0)
+            correct += (outputs.argmax(dim=1) == targets).sum()  # index of the largest logit
+            seen += targets.size(0)
+    if seen == 0:
+        raise DataError("the evaluation loader produced no batches: is the dataset empty?")
+    return total_loss.item() / seen, correct.item() / seen
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoints
+## A checkpoint stores the state_dict (the weights, by layer name) and not the pickled model
+## object: it loads into the model class defined in code, survives refactoring of everything
+## else, and can be loaded with weights_only=True. It also stores what inference needs to rebuild
+## and feed the model: the architecture's name and the normalisation that training used.
+
+
+def save_checkpoint(path: str | Path, model: nn.Module, *, model_name: str, mean: float,
+                    std: float, epoch: int, val_accuracy: float) -> None:
+    """Write the model and what is needed to rebuild and use it to `path`, atomically."""
+    ## Unwrap DistributedDataParallel (.module) and torch.compile (._orig_mod): their state_dict
+    ## keys carry a prefix that a plain model would not recognise.
+    model = getattr(model, "module", model)
+    model = getattr(model, "_orig_mod", model)
+    checkpoint = {"model_name": model_name, "state_dict": model.state_dict(), "mean": float(mean),
+                  "std": float(std), "epoch": int(epoch), "val_accuracy": float(val_accuracy)}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ## Write a temporary file in the same folder, then rename it over the old one. os.replace is
+    ## atomic, so a crash, Ctrl-C or full disk at any moment leaves either the old checkpoint or
+    ## the new one, never half of one.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())  # make sure the bytes are on disk before the rename
+        os.replace(tmp, path)
+    except BaseException:  # including KeyboardInterrupt: remove the half-written file, re-raise
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """Read a checkpoint written by save_checkpoint, refusing anything that could run code."""
+    import pickle
+    import warnings
+
+    path = Path(path)
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise CheckpointError(f"checkpoint {path} {what}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): it was not saved completely")
+    try:
+        ## weights_only=True unpickles only tensors and plain containers. A pickle can otherwise
+        ## name any function to call while loading, so a downloaded .pt file could run code.
+        with warnings.catch_warnings():  # no "unusual pickle protocol" chatter for bad files
+            warnings.simplefilter("ignore", UserWarning)
+            checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "GLOBAL" in str(err):  # the pickle names a function or class to import and call
+            raise CheckpointError(
+                f"refused to load {path}: it contains Python objects, not just tensors and "
+                "numbers, and loading it could run code. Only a checkpoint saved with "
+                "save_checkpoint (a state_dict and plain values) is accepted.") from err
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint ({_first_line(err)})") from err
+    except Exception as err:  # a damaged file can make the unpickler fail in many ways
+        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint, or it is truncated "
+                              f"({_first_line(err)[:120]})") from err
+    needed = ("model_name", "state_dict", "mean", "std")
+    if not isinstance(checkpoint, dict) or not all(k in checkpoint for k in needed):
+        values = checkpoint.values() if isinstance(checkpoint, dict) else [None]
+        if all(isinstance(v, torch.Tensor) for v in values):
+            raise CheckpointError(f"{path} holds a bare state_dict. This repo's checkpoints also "
+                                  "record the model name and normalisation: save with "
+                                  "common.save_checkpoint (mnist_train.py does).")
+        raise CheckpointError(f"{path} is a PyTorch file but not a checkpoint from this repo "
+                              f"(it needs the keys {', '.join(needed)})")
+    return checkpoint
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
+    """Rebuild the checkpoint's model and load its weights; return (model, checkpoint)."""
+    checkpoint = load_checkpoint(path, map_location=device)
+    name = checkpoint["model_name"]
+    if name not in MODELS:
+        raise CheckpointError(f"{path} was saved for a model named {name!r}, which this code does "
+                              f"not define (known: {', '.join(MODELS)})")
+    model = build_model(name)
+    try:
+        model.load_state_dict(checkpoint["state_dict"])  # strict: every name and shape must match
+    except RuntimeError as err:
+        raise CheckpointError(
+            f"{path} does not fit the {name!r} model defined in common.py "
+            f"({_first_line(err)[:150]}...). It was trained with a different architecture: "
+            "retrain it, or restore the model code it was trained with.") from err
+    return model.to(device).eval(), checkpoint

@@ -1,0 +1,88 @@
+"""Shared test fixtures: a tiny MNIST written in the real IDX format, and digit images.
+
+No test downloads anything. The tiny MNIST below is a few hundred digits drawn with Pillow's
+built-in font, varied in size, position, stroke and angle, and saved as the four IDX files that
+torchvision reads, so mnist_train.py runs its real loading code on it.
+"""
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+TINY_TRAIN, TINY_TEST = 800, 200
+
+
+def render_digit(digit: int, rng: random.Random, size: int = 28) -> Image.Image:
+    """A white-on-black digit drawn with Pillow's font, with random size, shift, width and tilt."""
+    scale = size / 28
+    font = ImageFont.load_default(size=round(rng.uniform(17, 24) * scale))
+    img = Image.new("L", (size, size))
+    centre = (size / 2 + rng.uniform(-2, 2) * scale, size / 2 + rng.uniform(-2, 2) * scale)
+    ImageDraw.Draw(img).text(centre, str(digit), fill=255, font=font, anchor="mm",
+                             stroke_width=rng.choice([0, 1]) * round(scale), stroke_fill=255)
+    return img.rotate(rng.uniform(-12, 12), resample=Image.BILINEAR)
+
+
+def write_idx(path: Path, data: torch.Tensor) -> None:
+    """Write a uint8 tensor in the IDX format of the MNIST files."""
+    header = bytes([0, 0, 0x08, data.dim()])  # zero, zero, type 0x08 = unsigned byte, ndims
+    header += b"".join(d.to_bytes(4, "big") for d in data.shape)
+    path.write_bytes(header + data.to(torch.uint8).numpy().tobytes())
+
+
+def make_tiny_mnist(root: Path, n_train: int = TINY_TRAIN, n_test: int = TINY_TEST) -> Path:
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = random.Random(0)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        labels = torch.tensor([i % 10 for i in range(n)])
+        images = torch.stack([torch.frombuffer(bytearray(render_digit(int(d), rng).tobytes()),
+                                               dtype=torch.uint8).view(28, 28) for d in labels])
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_mnist(tmp_path_factory) -> Path:
+    """A data dir holding MNIST/raw/ with 800 training and 200 test digits (read-only for tests)."""
+    return make_tiny_mnist(tmp_path_factory.mktemp("tiny_mnist"))
+
+
+@pytest.fixture
+def tiny_mnist_copy(tiny_mnist, tmp_path) -> Path:
+    """A fresh, writable copy of the tiny MNIST, for tests that damage it."""
+    return Path(shutil.copytree(tiny_mnist, tmp_path / "data"))
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Point torchvision's MNIST mirrors at a closed local port: downloads fail at once."""
+    from torchvision import datasets
+
+    monkeypatch.setattr(datasets.MNIST, "mirrors", ["http://127.0.0.1:9/"])
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoint(tiny_mnist, tmp_path_factory) -> Path:
+    """An MLP checkpoint trained by mnist_train.py on the tiny MNIST (session-wide, read-only)."""
+    import mnist_train
+
+    path = tmp_path_factory.mktemp("trained") / "mnist_mlp.pt"
+    args = ["--data-dir", str(tiny_mnist), "--save-path", str(path), "--val-size", "100",
+            "--epochs", "25", "--lr", "2e-3", "--log-interval", "1000"]
+    assert mnist_train.main(args) == 0
+    return path
+
+
+def digit_picture(digit: int, size=(300, 220), ink=(25, 35, 110), paper=(238, 232, 220),
+                  font_size=150, centre=(150, 110)) -> Image.Image:
+    """A photo-like picture: a dark digit on light paper, not centred, much bigger than 28x28."""
+    img = Image.new("RGB", size, paper)
+    font = ImageFont.load_default(size=font_size)
+    ImageDraw.Draw(img).text(centre, str(digit), fill=ink, font=font, anchor="mm")
+    return img

@@ -1,0 +1,394 @@
+import math
+import os
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import common
+
+
+def separable_data(n=512, dim=10, classes=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(classes, dim, generator=g) * 3
+    targets = torch.randint(0, classes, (n,), generator=g)
+    return centres[targets] + torch.randn(n, dim, generator=g), targets
+
+
+class Logits(nn.Module):
+    """A 'model' whose outputs are its inputs plus a zero bias: the losses are known in advance."""
+
+    def __init__(self, classes):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(classes))
+
+    def forward(self, x):
+        return x + self.bias
+
+
+# reproducibility --------------------------------------------------------------------------------
+def test_same_seed_gives_identical_weights_and_shuffles():
+    def run(seed):
+        g = common.set_seed(seed)
+        model = common.build_model("mlp")
+        order = list(DataLoader(range(100), batch_size=100, shuffle=True, generator=g))[0]
+        return model.fc1.weight.clone(), order, torch.rand(3)
+
+    w1, o1, r1 = run(7)
+    w2, o2, r2 = run(7)
+    w3, o3, _ = run(8)
+    assert torch.equal(w1, w2) and torch.equal(o1, o2) and torch.equal(r1, r2)
+    assert not torch.equal(w1, w3) and not torch.equal(o1, o3)
+
+
+def test_seed_worker_seeds_python_random_from_the_worker_torch_seed():
+    import random
+
+    torch.manual_seed(1234)
+    common.seed_worker(0)
+    a = random.random()
+    torch.manual_seed(1234)
+    common.seed_worker(0)
+    assert random.random() == a
+
+
+# device -----------------------------------------------------------------------------------------
+def test_get_device_cpu_and_auto():
+    assert common.get_device("cpu") == torch.device("cpu")
+    if not torch.accelerator.is_available():
+        assert common.get_device() == torch.device("cpu")
+
+
+def test_get_device_rejects_unknown_and_unavailable_devices():
+    with pytest.raises(ValueError, match="unknown device 'banana'"):
+        common.get_device("banana")
+    if not torch.accelerator.is_available():
+        with pytest.raises(ValueError, match="not available"):
+            common.get_device("cuda")
+
+
+# models -----------------------------------------------------------------------------------------
+def test_mlp_is_784_128_64_10_and_ends_in_logits():
+    model = common.build_model("mlp")
+    shapes = [tuple(m.weight.shape) for m in model.modules() if isinstance(m, nn.Linear)]
+    assert shapes == [(128, 784), (64, 128), (10, 64)]
+    out = model(torch.randn(5, 1, 28, 28))
+    assert out.shape == (5, 10)
+    assert not torch.allclose(out.sum(1), torch.ones(5))  # raw logits, no softmax
+
+
+def test_cnn_has_two_conv_blocks_and_two_linear_layers():
+    model = common.build_model("cnn")
+    assert sum(isinstance(m, nn.Conv2d) for m in model.modules()) == 2
+    assert sum(isinstance(m, nn.Linear) for m in model.modules()) == 2
+    assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    with pytest.raises(ValueError, match="unknown model"):
+        common.build_model("resnet")
+
+
+# training loop ----------------------------------------------------------------------------------
+def test_train_one_epoch_lowers_the_loss_on_a_learnable_problem():
+    common.set_seed(0)
+    x, y = separable_data()
+    loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)
+    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 3))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    criterion = nn.CrossEntropyLoss()
+    losses = [common.train_one_epoch(model, loader, criterion, optimizer, "cpu", log=None)
+              for _ in range(5)]
+    assert losses[-1] < 0.3 * losses[0]
+    assert evaluate_accuracy(model, x, y) > 0.95
+
+
+def evaluate_accuracy(model, x, y):
+    return common.evaluate(model, [(x, y)], nn.CrossEntropyLoss(), "cpu")[1]
+
+
+def test_train_one_epoch_averages_per_sample_with_an_uneven_last_batch():
+    logits = torch.randn(5, 4) * 3
+    targets = torch.tensor([0, 1, 2, 3, 0])
+    loader = DataLoader(TensorDataset(logits, targets), batch_size=4)  # batches of 4 and 1
+    model = Logits(4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the losses stay as computed
+    got = common.train_one_epoch(model, loader, nn.CrossEntropyLoss(), optimizer, "cpu", log=None)
+    per_sample = F.cross_entropy(logits, targets, reduction="none")
+    assert got == pytest.approx(per_sample.mean().item(), rel=1e-6)
+    assert got != pytest.approx((per_sample[:4].mean() + per_sample[4]).item() / 2, rel=1e-3)
+
+
+def test_each_step_uses_only_its_own_batch_gradient():
+    ## zero_grad -> forward -> backward -> step, by hand, must equal what train_one_epoch does.
+    torch.manual_seed(0)
+    x, y = separable_data(n=8, dim=3, classes=2)
+    batches = [(x[:4], y[:4]), (x[4:], y[4:])]
+    model = nn.Linear(3, 2)
+    reference = nn.Linear(3, 2)
+    reference.load_state_dict(model.state_dict())
+    common.train_one_epoch(model, batches, nn.CrossEntropyLoss(),
+                           torch.optim.SGD(model.parameters(), lr=0.5), "cpu", log=None)
+    for inputs, targets in batches:
+        grads = torch.autograd.grad(F.cross_entropy(reference(inputs), targets),
+                                    list(reference.parameters()))
+        with torch.no_grad():
+            for p, g in zip(reference.parameters(), grads):
+                p -= 0.5 * g
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
+def test_clip_grad_limits_each_update():
+    x, y = separable_data(n=64)
+    model = nn.Linear(10, 3)
+    before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    common.train_one_epoch(model, [(x * 100, y)], nn.CrossEntropyLoss(),
+                           torch.optim.SGD(model.parameters(), lr=1.0), "cpu", clip_grad=1e-3,
+                           log=None)
+    after = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert (after - before).norm() <= 1e-3 + 1e-6  # lr 1 x gradient norm at most 1e-3
+
+
+def test_bfloat16_autocast_still_learns_on_the_cpu():
+    common.set_seed(0)
+    x, y = separable_data()
+    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 3))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    loader = DataLoader(TensorDataset(x, y), batch_size=32)
+    losses = [common.train_one_epoch(model, loader, nn.CrossEntropyLoss(), optimizer, "cpu",
+                                     amp_dtype=torch.bfloat16, log=None) for _ in range(4)]
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_grad_scaler_path_with_clipping_updates_the_weights():
+    x, y = separable_data()
+    model = nn.Linear(10, 3)
+    before = model.weight.detach().clone()
+    scaler = torch.amp.GradScaler("cpu")
+    loss = common.train_one_epoch(model, [(x, y)], nn.CrossEntropyLoss(),
+                                  torch.optim.SGD(model.parameters(), lr=0.1), "cpu",
+                                  scaler=scaler, clip_grad=1.0, log=None)
+    assert math.isfinite(loss) and not torch.equal(before, model.weight)
+
+
+def test_training_logs_the_interval_loss_in_the_seed_format():
+    x, y = separable_data(n=40)
+    lines = []
+    common.train_one_epoch(nn.Linear(10, 3), DataLoader(TensorDataset(x, y), batch_size=10),
+                           nn.CrossEntropyLoss(), torch.optim.SGD([nn.Parameter(torch.zeros(1))],
+                                                                  lr=0.1),
+                           "cpu", epoch=3, log_interval=2, log=lines.append)
+    assert len(lines) == 2
+    assert lines[0].startswith("Epoch 3 | Batch 2/4 | Loss ")
+
+
+def test_a_nan_loss_stops_training_with_advice():
+    model = nn.Linear(10, 3)
+    with torch.no_grad():
+        model.weight.fill_(float("nan"))
+    x, y = separable_data(n=16)
+    with pytest.raises(common.NonFiniteLossError, match=r"lower learning rate.*--clip-grad"):
+        common.train_one_epoch(model, [(x, y)], nn.CrossEntropyLoss(),
+                               torch.optim.SGD(model.parameters(), lr=0.1), "cpu", log=None)
+
+
+@pytest.mark.parametrize("bad_label", [3, -1])
+def test_labels_outside_the_class_range_are_a_clear_error(bad_label):
+    x, y = separable_data(n=8)
+    y[5] = bad_label
+    model = nn.Linear(10, 3)
+    with pytest.raises(common.DataError, match=rf"label {bad_label} at position 5 .*0\.\.2"):
+        common.train_one_epoch(model, [(x, y)], nn.CrossEntropyLoss(),
+                               torch.optim.SGD(model.parameters(), lr=0.1), "cpu", log=None)
+    with pytest.raises(common.DataError, match="outside 0..2"):
+        common.evaluate(model, [(x, y)], nn.CrossEntropyLoss(), "cpu")
+
+
+def test_nan_inputs_are_refused_with_their_position():
+    x, y = separable_data(n=8)
+    x[6, 2] = float("inf")
+    with pytest.raises(common.DataError, match="input at position 6 contains NaN or inf"):
+        common.evaluate(nn.Linear(10, 3), [(x, y)], nn.CrossEntropyLoss(), "cpu")
+
+
+def test_evaluate_is_exact_on_a_hand_built_case_and_leaves_no_gradients():
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 3.0, 0.0], [1.0, 0.0, 4.0], [0.0, 5.0, 0.0]])
+    targets = torch.tensor([0, 1, 0, 2])  # right, right, wrong, wrong
+    model = Logits(3)
+    model.train()
+    loader = DataLoader(TensorDataset(logits, targets), batch_size=3)  # batches of 3 and 1
+    loss, acc = common.evaluate(model, loader, nn.CrossEntropyLoss(), "cpu")
+    expected = sum(math.log(sum(math.exp(v) for v in row)) - row[t]
+                   for row, t in zip(logits.tolist(), targets.tolist())) / 4
+    assert acc == 0.5
+    assert loss == pytest.approx(expected, rel=1e-6)
+    assert model.bias.grad is None and not model.training
+
+
+def test_evaluate_switches_dropout_off():
+    model = nn.Sequential(nn.Dropout(0.9), nn.Linear(10, 3))
+    x, y = separable_data(n=64)
+    first = common.evaluate(model, [(x, y)], nn.CrossEntropyLoss(), "cpu")
+    assert common.evaluate(model, [(x, y)], nn.CrossEntropyLoss(), "cpu") == first
+
+
+# in-memory loader -------------------------------------------------------------------------------
+def test_tensor_loader_visits_every_sample_once_in_a_new_order_each_epoch():
+    x = torch.arange(103).float()[:, None]
+    loader = common.TensorLoader(x, torch.arange(103), batch_size=10, shuffle=True, seed=1)
+    epochs = [torch.cat([t for _, t in loader]) for _ in range(2)]
+    assert len(loader) == 11 and [len(t) for _, t in loader][-1] == 3
+    for order in epochs:
+        assert sorted(order.tolist()) == list(range(103))
+    assert not torch.equal(epochs[0], epochs[1])
+    loader.set_epoch(0)
+    assert torch.equal(torch.cat([t for _, t in loader]), epochs[0])  # set_epoch replays an epoch
+    inputs, targets = next(iter(loader))
+    assert torch.equal(inputs[:, 0].long(), targets)  # inputs and targets stay paired
+
+
+def test_tensor_loader_shards_like_distributed_sampler():
+    from torch.utils.data import DistributedSampler
+
+    n, world = 23, 3
+    data = torch.arange(n)
+    shards = []
+    for rank in range(world):
+        loader = common.TensorLoader(data, data, batch_size=100, shuffle=True, seed=5,
+                                     rank=rank, world_size=world)
+        loader.set_epoch(2)
+        sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, seed=5)
+        sampler.set_epoch(2)
+        shard = next(iter(loader))[1]
+        assert shard.tolist() == list(sampler)  # the very same indices
+        shards.append(shard)
+    assert {len(s) for s in shards} == {8} and set(torch.cat(shards).tolist()) == set(range(n))
+    val = [torch.cat([t for _, t in common.TensorLoader(data, data, 5, rank=r, world_size=world)])
+           for r in range(world)]
+    assert sorted(torch.cat(val).tolist()) == list(range(n))  # evaluation: no duplicates
+
+
+# checkpoints ------------------------------------------------------------------------------------
+def save(path, model, name="mlp"):
+    common.save_checkpoint(path, model, model_name=name, mean=0.1307, std=0.3081, epoch=3,
+                           val_accuracy=0.97)
+
+
+def test_checkpoint_round_trip_gives_identical_outputs(tmp_path):
+    common.set_seed(0)
+    model = common.build_model("cnn").eval()
+    save(tmp_path / "ck" / "best.pt", model, "cnn")
+    loaded, checkpoint = common.load_model(tmp_path / "ck" / "best.pt")
+    x = torch.randn(4, 1, 28, 28)
+    assert torch.equal(model(x), loaded(x))
+    assert checkpoint["epoch"] == 3 and checkpoint["mean"] == 0.1307
+    assert checkpoint["model_name"] == "cnn" and checkpoint["val_accuracy"] == 0.97
+    assert os.listdir(tmp_path / "ck") == ["best.pt"]  # no temporary file left behind
+
+
+def test_checkpoint_of_a_wrapped_model_has_no_prefix(tmp_path):
+    class Wrapper(nn.Module):  # DistributedDataParallel keeps the real model in .module
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    save(tmp_path / "w.pt", Wrapper(common.build_model("mlp")))
+    assert "fc1.weight" in common.load_checkpoint(tmp_path / "w.pt")["state_dict"]
+
+
+def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "best.pt"
+    model = common.build_model("mlp")
+    save(path, model)
+    original = path.read_bytes()
+
+    def save_half_then_interrupt(obj, f):
+        f.write(b"half a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", save_half_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        save(path, common.build_model("mlp"))
+    assert path.read_bytes() == original
+    assert os.listdir(tmp_path) == ["best.pt"]
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_the_code_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    evil = tmp_path / "evil.pt"
+    torch.save({"model_name": "mlp", "state_dict": {}, "mean": 0.0, "std": 1.0, "x": Exploit()},
+               evil)
+    with pytest.raises(common.CheckpointError, match=f"refused to load {evil}.*could run code"):
+        common.load_checkpoint(evil)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "is empty"),
+    (b"this is a text file, not a checkpoint", "not a"),
+    (pickle.dumps([1, 2, 3]), "not a"),
+])
+def test_files_that_are_not_checkpoints_are_named_in_the_error(tmp_path, content, message):
+    path = tmp_path / "bad.pt"
+    path.write_bytes(content)
+    with pytest.raises(common.CheckpointError, match=message) as err:
+        common.load_model(path)
+    assert str(path) in str(err.value)
+
+
+def test_a_truncated_checkpoint_is_a_clear_error(tmp_path):
+    path = tmp_path / "best.pt"
+    save(path, common.build_model("mlp"))
+    path.write_bytes(path.read_bytes()[:5000])
+    with pytest.raises(common.CheckpointError, match="truncated"):
+        common.load_model(path)
+
+
+def test_checkpoints_for_other_models_are_refused(tmp_path):
+    torch.save(common.build_model("mlp").state_dict(), tmp_path / "bare.pt")
+    with pytest.raises(common.CheckpointError, match="bare state_dict"):
+        common.load_model(tmp_path / "bare.pt")
+    save(tmp_path / "mismatch.pt", common.build_model("mlp"), name="cnn")
+    with pytest.raises(common.CheckpointError, match="does not fit the 'cnn' model"):
+        common.load_model(tmp_path / "mismatch.pt")
+    save(tmp_path / "unknown.pt", nn.Linear(2, 2), name="resnet")
+    with pytest.raises(common.CheckpointError, match="'resnet', which this code does not define"):
+        common.load_model(tmp_path / "unknown.pt")
+    with pytest.raises(common.CheckpointError, match="does not exist"):
+        common.load_model(tmp_path / "missing.pt")
+
+
+# MNIST files ------------------------------------------------------------------------------------
+def test_load_mnist_reads_idx_files_through_torchvision(tiny_mnist):
+    images, labels = common.load_mnist(tiny_mnist, train=True)
+    assert images.shape == (800, 28, 28) and images.dtype == torch.uint8
+    assert labels.dtype == torch.int64 and set(labels.tolist()) == set(range(10))
+
+
+def test_a_truncated_idx_file_is_named_with_the_fix(tiny_mnist_copy):
+    path = tiny_mnist_copy / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(common.DataError, match=f"{path} is damaged .*truncated.*Delete it"):
+        common.load_mnist(tiny_mnist_copy, train=True)
+
+
+def test_missing_mnist_offline_says_which_folder(tmp_path, no_network):
+    with pytest.raises(common.DataError) as err:
+        common.load_mnist(tmp_path, train=True)
+    message = str(err.value)
+    assert f"{tmp_path / 'MNIST' / 'raw'}/" in message and "internet" in message
+    assert "train-images-idx3-ubyte.gz" in message
+
+
+def test_a_damaged_gz_file_is_named(tmp_path, no_network):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    (raw / "train-images-idx3-ubyte.gz").write_bytes(b"\x1f\x8b not really gzip")
+    with pytest.raises(common.DataError, match="train-images-idx3-ubyte.gz is damaged"):
+        common.load_mnist(tmp_path, train=True)

@@ -1,0 +1,139 @@
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import common
+import mnist_train
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def train(data_dir, save_path, *args):
+    return mnist_train.main(["--data-dir", str(data_dir), "--save-path", str(save_path),
+                             "--val-size", "200", "--log-interval", "5", *args])
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_trains_end_to_end_and_keeps_the_best_validation_epoch(tiny_mnist, tmp_path, capsys):
+    save_path = tmp_path / "ck" / "best.pt"
+    assert train(tiny_mnist, save_path, "--epochs", "4") == 0
+    out = capsys.readouterr().out
+    ## the sanity report comes first
+    assert "device cpu | mlp with 109,386 parameters | 600 train / 200 val / 200 test" in out
+    assert "inputs [200, 1, 28, 28] float32" in out and "labels [200] int64 in 0..9" in out
+    assert "initial loss 2." in out and "ln(10) = 2.3026" in out
+    assert "Epoch 1 | Batch 5/10 | Loss " in out
+    ## one line and one CSV row per epoch; the checkpoint is the best validation epoch
+    rows = read_csv(save_path.with_suffix(".csv"))
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4]
+    accs = [float(r["val_accuracy"]) for r in rows]
+    best = accs.index(max(accs)) + 1
+    model, checkpoint = common.load_model(save_path)
+    assert checkpoint["epoch"] == best and checkpoint["model_name"] == "mlp"
+    assert checkpoint["val_accuracy"] == pytest.approx(max(accs), abs=1e-6)
+    assert [r["saved"] for r in rows][0] == "1" and out.count("saved best") == sum(
+        int(r["saved"]) for r in rows)
+    ## the test accuracy printed is the saved model's, on all 200 test images
+    images, labels = common.load_mnist(tiny_mnist, train=False)
+    x = common.normalize_images(images, checkpoint["mean"], checkpoint["std"])
+    correct = (model(x).argmax(1) == labels).sum().item()
+    assert f"Test Accuracy: {correct / 200:.4f} ({correct}/200)" in out
+    assert correct / 200 > 0.5  # the tiny digits are learnable
+
+
+def test_dry_run_runs_one_batch_of_each_phase(tiny_mnist, tmp_path, capsys):
+    assert train(tiny_mnist, tmp_path / "m.pt", "--dry-run", "--epochs", "9",
+                 "--test-batch-size", "50") == 0
+    out = capsys.readouterr().out
+    assert "64 train / 50 val / 50 test images" in out
+    assert "epoch 1/1 |" in out and "(50)" not in out and "/50)" in out
+
+
+def test_a_small_subset_can_be_overfitted(tiny_mnist, tmp_path):
+    ## The seeds' first debugging step: a working loop drives the loss on a few samples to ~0.
+    save_path = tmp_path / "m.pt"
+    assert train(tiny_mnist, save_path, "--subset", "40", "--epochs", "60", "--batch-size", "20",
+                 "--lr", "3e-3") == 0
+    assert float(read_csv(save_path.with_suffix(".csv"))[-1]["train_loss"]) < 0.02
+
+
+def test_the_dataloader_pipeline_trains_too(tiny_mnist, tmp_path, capsys):
+    assert train(tiny_mnist, tmp_path / "m.pt", "--loader", "dataloader", "--num-workers", "2",
+                 "--epochs", "2") == 0
+    assert "Test Accuracy: " in capsys.readouterr().out
+
+
+def test_mixed_precision_on_the_cpu_uses_bfloat16(tiny_mnist, tmp_path, capsys):
+    assert mnist_train.amp_dtype_for("auto", torch.device("cpu")) == torch.bfloat16
+    assert mnist_train.amp_dtype_for("fp16", torch.device("cpu")) == torch.float16
+    assert train(tiny_mnist, tmp_path / "m.pt", "--amp", "--epochs", "2") == 0
+    assert "Test Accuracy: " in capsys.readouterr().out
+
+
+def test_tensorboard_logs_are_written(tiny_mnist, tmp_path):
+    pytest.importorskip("tensorboard")
+    assert train(tiny_mnist, tmp_path / "m.pt", "--dry-run", "--tensorboard",
+                 str(tmp_path / "tb")) == 0
+    assert any(name.startswith("events.") for _, _, files in os.walk(tmp_path / "tb")
+               for name in files)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--epochs", "0"], "--epochs: must be greater than 0"),
+    (["--batch-size", "-4"], "--batch-size: must be greater than 0"),
+    (["--lr", "0"], "--lr: must be greater than 0"),
+    (["--lr", "nan"], "--lr: must be greater than 0"),
+    (["--lr", "fast"], "expected a positive number, got 'fast'"),
+    (["--device", "banana"], "unknown device 'banana'"),
+    (["--val-size", "800"], "--val-size 800 leaves nothing to train on"),
+    (["--subset", "601"], "--subset 601 is larger than the 600 training images"),
+])
+def test_bad_arguments_are_argparse_errors(tiny_mnist, tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_:
+        train(tiny_mnist, tmp_path / "m.pt", *args)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_missing_mnist_offline_names_the_folder(tmp_path, capsys, no_network):
+    assert train(tmp_path / "data", tmp_path / "m.pt") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: MNIST is not in ") and f"{tmp_path}/data/MNIST/raw/" in err
+
+
+def test_as_a_script_it_exits_cleanly_without_tracebacks(tiny_mnist, tmp_path):
+    def script(*args):
+        return subprocess.run([sys.executable, "mnist_train.py", "--data-dir", str(tiny_mnist),
+                               "--save-path", str(tmp_path / "m.pt"), *args],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+
+    ok = script("--dry-run", "--val-size", "100")
+    assert ok.returncode == 0, ok.stderr
+    assert "Test Accuracy: " in ok.stdout
+    bad = script("--val-size", "100", "--batch-size", "0")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+MNIST_DIR = os.environ.get("MNIST_DATA_DIR")
+
+
+@pytest.mark.skipif(not (MNIST_DIR and Path(MNIST_DIR, "MNIST", "raw").is_dir()),
+                    reason="set MNIST_DATA_DIR to a folder containing MNIST/raw to check "
+                           "real accuracy (.ci/run does when ../shared/data exists)")
+@pytest.mark.parametrize("model, target", [("mlp", 0.970), ("cnn", 0.988)])
+def test_real_mnist_reaches_the_documented_accuracy(tmp_path, capsys, model, target):
+    assert mnist_train.main(["--data-dir", MNIST_DIR, "--model", model, "--epochs", "5",
+                             "--save-path", str(tmp_path / "m.pt")]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Test Accuracy")]
+    accuracy = float(line[0].split()[2])
+    assert accuracy >= target, line

@@ -1,0 +1,45 @@
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import synthetic_train
+
+
+def test_the_dataset_is_a_map_style_dataset_with_integer_labels():
+    data = synthetic_train.ClusterDataset(100, input_dim=20, num_classes=4, seed=1)
+    assert len(data) == 100
+    x, y = data[3]
+    assert x.shape == (20,) and x.dtype == torch.float32 and y.dtype == torch.int64
+    assert set(data.labels.tolist()) == {0, 1, 2, 3}
+    again = synthetic_train.ClusterDataset(100, input_dim=20, num_classes=4, seed=1)
+    assert torch.equal(again.samples, data.samples)
+
+
+def test_simple_classifier_uses_xavier_init_and_zero_bias():
+    torch.manual_seed(0)
+    model = synthetic_train.SimpleClassifier(20, 512, 4)
+    bound = math.sqrt(6 / (20 + 512))  # Xavier-uniform limit for fan_in 20, fan_out 512
+    assert model.fc1.weight.abs().max() <= bound
+    assert model.fc1.weight.abs().max() > 0.95 * bound  # not PyTorch's default, which is smaller
+    assert torch.all(model.fc1.bias == 0) and torch.all(model.fc2.bias == 0)
+    assert isinstance(model.relu, nn.ReLU)
+
+
+def test_training_lowers_the_loss_and_raises_accuracy_with_warmup_then_cosine(monkeypatch,
+                                                                              capsys):
+    monkeypatch.setattr("sys.argv", ["synthetic_train.py", "--epochs", "6", "--samples", "2000"])
+    synthetic_train.main()
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("epoch")]
+    assert len(lines) == 6
+
+    def field(line, name):
+        return float(line.split(name)[1].split("|")[0])
+
+    losses = [field(ln, "train loss") for ln in lines]
+    accs = [field(ln, "val acc") for ln in lines]
+    lrs = [field(ln, "lr") for ln in lines]
+    assert losses[-1] < 0.7 * losses[0] and accs[-1] > accs[0] + 0.1 and accs[-1] > 0.75
+    assert lrs[0] == pytest.approx(1e-3)  # end of warmup: the peak learning rate
+    assert lrs[0] > lrs[2] > lrs[4] > lrs[5] and lrs[5] < 1e-5  # cosine decay towards zero
