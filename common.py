@@ -15,6 +15,7 @@ object), so it keeps working when pasted into another file with `import torch`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -131,10 +132,10 @@ class CNN(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, kernel_size=3, padding=1)  # 28x28 -> pool -> 14x14
-        self.conv2 = nn.Conv2d(32, 64, kernel_size=3, padding=1)  # 14x14 -> pool -> 7x7
+        self.conv1 = nn.Conv2d(1, 16, kernel_size=3, padding=1)  # 28x28 -> pool -> 14x14
+        self.conv2 = nn.Conv2d(16, 32, kernel_size=3, padding=1)  # 14x14 -> pool -> 7x7
         self.dropout = nn.Dropout(0.25)  # active in model.train(), a no-op in model.eval()
-        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.fc1 = nn.Linear(32 * 7 * 7, 128)
         self.fc2 = nn.Linear(128, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -235,16 +236,20 @@ def check_batch(inputs: torch.Tensor, targets: torch.Tensor, num_classes: int) -
     """Raise DataError if a label is outside 0..num_classes-1 or an input holds NaN or inf."""
     ## CrossEntropyLoss needs labels 0, 1, ..., C-1. Labels like 1..10 crash on the CPU and give
     ## an unreadable "device-side assert" on a GPU; NaN inputs silently turn the loss into NaN.
-    bad = (targets < 0) | (targets >= num_classes)
-    if bad.any():
-        i = int(bad.nonzero()[0])
+    ## The quick tests (one min/max, one sum) run on every batch; the slow search for the
+    ## culprit runs only when they fail.
+    low, high = targets.aminmax()
+    if low < 0 or high >= num_classes:
+        i = int(((targets < 0) | (targets >= num_classes)).nonzero()[0])
         raise DataError(f"label {int(targets[i])} at position {i} is outside 0..{num_classes - 1}. "
                         f"Class labels must be integers from 0 to {num_classes - 1}: remap them "
                         "(for example 1..10 -> 0..9), or give the model one output per class.")
-    if inputs.is_floating_point() and not torch.isfinite(inputs).all():
-        i = int((~torch.isfinite(inputs.flatten(1))).any(1).nonzero()[0])
-        raise DataError(f"input at position {i} contains NaN or inf. Clean or drop that sample "
-                        "(check how it was read and normalised: a division by a zero std?)")
+    if inputs.is_floating_point() and not inputs.sum().isfinite():  # NaN and inf spread to sums
+        bad = (~torch.isfinite(inputs.flatten(1))).any(1).nonzero()
+        if len(bad):  # (otherwise the sum merely overflowed)
+            raise DataError(f"input at position {int(bad[0])} contains NaN or inf. Clean or drop "
+                            "that sample (check how it was read and normalised: a division by a "
+                            "zero std?)")
 
 
 class TensorLoader:
@@ -336,6 +341,10 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
     ## wait until the GPU has finished all queued work.
     total_loss = torch.zeros((), device=device)
     seen = logged_seen = 0
+    ## autocast runs matmuls and convolutions in bfloat16/float16 where that is safe and keeps
+    ## the rest, such as the loss, in float32. Built once, entered every batch.
+    autocast = (torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None
+                else contextlib.nullcontext())
     logged_loss = 0.0
     for batch, (inputs, targets) in enumerate(loader, start=1):
         ## non_blocking lets a copy from pinned CPU memory overlap with GPU work already queued.
@@ -344,9 +353,8 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
         ## 1. Clear old gradients. backward() *adds* to .grad, so without this every step would
         ##    also apply all previous batches' gradients. (set_to_none frees them, cheaper than 0.)
         optimizer.zero_grad(set_to_none=True)
-        ## 2-3. Forward pass and loss. autocast runs matmuls and convolutions in bfloat16/float16
-        ##    where that is safe and keeps the rest, such as the loss, in float32.
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        ## 2-3. Forward pass, then the loss: how far the outputs are from the targets.
+        with autocast:
             outputs = model(inputs)
             if targets.device.type == "cpu":  # free here; on a GPU it would stall every batch
                 check_batch(inputs, targets, outputs.shape[-1])
@@ -373,7 +381,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
         if scheduler is not None:
             scheduler.step()  # per-batch learning-rate schedule (e.g. warmup + cosine)
         ## Weight by batch size: the last batch may be short, and the average is per sample.
-        total_loss += loss.detach().float() * targets.size(0)
+        total_loss.add_(loss.detach(), alpha=targets.size(0))
         seen += targets.size(0)
         if batch % log_interval == 0:
             current = total_loss.item()
@@ -514,3 +522,54 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
             f"({_first_line(err)[:150]}...). It was trained with a different architecture: "
             "retrain it, or restore the model code it was trained with.") from err
     return model.to(device).eval(), checkpoint
+
+
+# ---------------------------------------------------------------------------------------------
+# distributed training
+## `torchrun --nproc_per_node=N script.py` starts N copies of the script. Each copy is a "rank"
+## (0..N-1) and finds its number in environment variables that torchrun sets. Every rank holds a
+## full copy of the model and trains on its own slice of each batch; DistributedDataParallel
+## averages the gradients across ranks during backward(), so all copies take the same step and
+## stay identical. Without torchrun none of this runs: world_size is 1 and nothing is initialised.
+
+
+def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
+    """Join torchrun's process group if there is one; return (rank, world_size, device)."""
+    if "WORLD_SIZE" not in os.environ:  # plain `python script.py`
+        return 0, 1, device
+    import torch.distributed as dist
+
+    if device.type == "cuda":  # one GPU per process: rank k on this node uses GPU k
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    ## NCCL moves tensors GPU-to-GPU; gloo works on CPU tensors, for CPU training and tests.
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def is_main_process() -> bool:
+    """True in a plain run and on rank 0: the one process that prints and saves."""
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum each number over all ranks (unchanged in a plain run)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return values
+    ## Each rank measured loss and accuracy on its own shard; summing the totals (not averaging
+    ## the averages) gives exactly the numbers for the whole dataset.
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor.tolist()
+
+
+def cleanup_distributed() -> None:
+    """Leave the process group, if this process joined one."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

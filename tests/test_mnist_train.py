@@ -1,5 +1,6 @@
 import csv
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +138,63 @@ def test_real_mnist_reaches_the_documented_accuracy(tmp_path, capsys, model, tar
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Test Accuracy")]
     accuracy = float(line[0].split()[2])
     assert accuracy >= target, line
+
+
+# hardening --------------------------------------------------------------------------------------
+def test_two_runs_with_the_same_seed_write_bit_identical_checkpoints(tiny_mnist, tmp_path):
+    for name in ("a", "b"):
+        assert train(tiny_mnist, tmp_path / f"{name}.pt", "--epochs", "2") == 0
+    assert (tmp_path / "a.pt").read_bytes() == (tmp_path / "b.pt").read_bytes()
+    assert train(tiny_mnist, tmp_path / "c.pt", "--epochs", "2", "--seed", "1") == 0
+    assert (tmp_path / "a.pt").read_bytes() != (tmp_path / "c.pt").read_bytes()
+
+
+def test_a_diverging_run_stops_with_advice_and_keeps_the_saved_model(tiny_mnist, tmp_path,
+                                                                     capsys):
+    save_path = tmp_path / "best.pt"
+    assert train(tiny_mnist, save_path, "--epochs", "1") == 0
+    good = save_path.read_bytes()
+    assert train(tiny_mnist, save_path, "--optimizer", "sgd", "--lr", "1e12") == 1
+    err = capsys.readouterr().err
+    assert "error: the loss became" in err and "--lr" in err and "--clip-grad" in err
+    assert save_path.read_bytes() == good
+
+
+def test_a_dry_run_does_not_replace_the_real_checkpoint(tiny_mnist, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert mnist_train.main(["--data-dir", str(tiny_mnist), "--val-size", "200",
+                             "--dry-run"]) == 0
+    assert (tmp_path / "checkpoints" / "dry_run_mlp.pt").exists()
+    assert not (tmp_path / "checkpoints" / "mnist_mlp.pt").exists()
+
+
+def test_a_damaged_mnist_file_is_named(tiny_mnist_copy, tmp_path, capsys):
+    labels = tiny_mnist_copy / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    labels.write_bytes(labels.read_bytes()[:50])
+    assert train(tiny_mnist_copy, tmp_path / "m.pt") == 1
+    err = capsys.readouterr().err
+    assert f"error: {labels} is damaged" in err and "Delete it" in err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_exits_promptly_and_leaves_a_loadable_checkpoint(tiny_mnist, tmp_path,
+                                                                            sig):
+    save_path = tmp_path / "best.pt"
+    proc = subprocess.Popen(
+        [sys.executable, "mnist_train.py", "--data-dir", str(tiny_mnist), "--val-size", "200",
+         "--epochs", "100000", "--save-path", str(save_path)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # wait until a checkpoint has been saved, then interrupt
+        if "saved best" in line:
+            break
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the run did not stop within 60 s of the signal")
+    assert proc.returncode == 130
+    assert err.strip().startswith("interrupted") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    common.load_model(save_path)  # loads: it is complete
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.csv", "best.pt"]  # no temp files

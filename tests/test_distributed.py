@@ -1,0 +1,72 @@
+"""mnist_train.py under torchrun: 2 CPU processes with the gloo backend, on the tiny MNIST."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import digit_picture
+from test_mnist_train import read_csv
+
+import common
+import mnist_train
+import predict
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tiny_mnist, tmp_path_factory):
+    """One torchrun run with 2 processes and batch size 20: (stdout, checkpoint path)."""
+    save_path = tmp_path_factory.mktemp("ddp") / "ddp.pt"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "mnist_train.py", "--data-dir", str(tiny_mnist), "--val-size", "201", "--subset", "560",
+         "--batch-size", "20", "--epochs", "2", "--save-path", str(save_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, save_path
+
+
+def test_only_rank_0_prints_and_its_checkpoint_loads_like_a_plain_one(two_process_run, tmp_path,
+                                                                      capsys):
+    out, save_path = two_process_run
+    assert out.count("Test Accuracy: ") == 1 and out.count("initial loss") == 1
+    state = common.load_checkpoint(save_path)["state_dict"]
+    assert not any(key.startswith("module.") for key in state)
+    digit_picture(4).save(tmp_path / "four.png")
+    assert predict.main(["--checkpoint", str(save_path), str(tmp_path / "four.png")]) == 0
+    assert capsys.readouterr().out.startswith(f"{tmp_path / 'four.png'}: ")
+
+
+def test_printed_metrics_are_those_of_the_whole_validation_set(two_process_run, tiny_mnist):
+    ## 201 validation images: the two ranks hold 101 and 100 of them.
+    _, save_path = two_process_run
+    model, checkpoint = common.load_model(save_path)
+    images, labels = common.load_mnist(tiny_mnist, train=True)
+    _, val_idx = mnist_train.split_indices(len(labels), 201, seed=42)
+    x = common.normalize_images(images[val_idx], checkpoint["mean"], checkpoint["std"])
+    loss, acc = common.evaluate(model, [(x, labels[val_idx])], torch.nn.CrossEntropyLoss(), "cpu")
+    rows = read_csv(save_path.with_suffix(".csv"))
+    best = rows[checkpoint["epoch"] - 1]
+    assert float(best["val_accuracy"]) == pytest.approx(acc, abs=1e-6)
+    assert float(best["val_loss"]) == pytest.approx(loss, rel=1e-4)
+
+
+def test_two_processes_with_batch_b_match_one_process_with_batch_2b(two_process_run, tiny_mnist,
+                                                                    tmp_path):
+    ## 560 training images, so no rank needs padding. Rank r takes every 2nd image of the
+    ## shuffled order, so the two ranks' batches of 20 are
+    ## exactly the single process's batch of 40, and DDP averages their gradients: the same
+    ## update. Only the order of floating-point additions differs, so the losses agree closely
+    ## but not bit for bit.
+    _, save_path = two_process_run
+    single = tmp_path / "single.pt"
+    assert mnist_train.main(["--data-dir", str(tiny_mnist), "--val-size", "201", "--subset", "560",
+                             "--batch-size", "40", "--epochs", "2", "--save-path",
+                             str(single)]) == 0
+    for ddp_row, one_row in zip(read_csv(save_path.with_suffix(".csv")),
+                                read_csv(single.with_suffix(".csv"))):
+        for key in ("train_loss", "val_loss"):
+            assert float(ddp_row[key]) == pytest.approx(float(one_row[key]), rel=1e-4), key
