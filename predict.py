@@ -26,7 +26,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 import common
 
 Image.MAX_IMAGE_PIXELS = 120_000_000  # above this, refuse: a "decompression bomb" would eat RAM
-WORK_SIZE = 1024  # larger pictures are shrunk to this many pixels on their long side first
+WORK_SIZE = 640  # larger pictures are shrunk to this many pixels on their long side first
 
 
 class ImageProblem(Exception):
@@ -46,7 +46,7 @@ def load_gray(path: Path) -> torch.Tensor:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(path)  # reads only the header: a bomb is refused before decoding
-            img.draft("RGB", (WORK_SIZE, WORK_SIZE))  # JPEG: decode at a reduced size, faster
+            img.draft("RGB", (2 * WORK_SIZE, 2 * WORK_SIZE))  # JPEG: decode at reduced size
             img.load()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         raise ImageProblem(f"refused: too many pixels to decode safely ({err})") from None
@@ -71,15 +71,23 @@ def load_gray(path: Path) -> torch.Tensor:
 
 
 # 2. turning it into an MNIST digit ---------------------------------------------------------------
+## Each step below exists for a kind of picture people really send; the comment says which.
+
+
 def preprocess(gray: torch.Tensor) -> torch.Tensor:
     """Turn a grayscale picture (H x W, 0..1) into a 28 x 28 MNIST-style digit (white on black)."""
     x = shrink(gray, WORK_SIZE)
-    ink = ink_map(x)
-    box = digit_box(ink)
-    if box is None:
+    ink = remove_paper(x)  # ink = 1, paper = 0: any polarity, paper colour or lighting
+    mask = ink > 0.45
+    mask &= ~ruled_lines(mask)  # squared or lined paper
+    mask = keep_digit(mask)  # drop specks, page edges, other marks
+    if not mask.any():
         return torch.zeros(28, 28)
-    top, bottom, left, right = box
-    return centre_by_mass(fit_in_box(ink[top:bottom, left:right], 20), 28)
+    rows, cols = mask.any(dim=1).nonzero()[:, 0], mask.any(dim=0).nonzero()[:, 0]
+    ## Keep the soft edge pixels around the strokes (MNIST has them too), but only there.
+    near = F.max_pool2d(mask.float()[None, None], 3, stride=1, padding=1)[0, 0] > 0
+    digit = (ink * near)[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
+    return centre_by_mass(mnist_strokes(digit), 28)
 
 
 def shrink(x: torch.Tensor, size: int) -> torch.Tensor:
@@ -91,42 +99,191 @@ def shrink(x: torch.Tensor, size: int) -> torch.Tensor:
     return F.interpolate(x[None, None], size=out_size, mode="area")[0, 0]
 
 
-def ink_map(x: torch.Tensor) -> torch.Tensor:
-    """Return how much ink each pixel holds, 0..1, whichever way round the picture is."""
-    ## The paper is what fills the border of the picture; the ink is what differs from it.
-    ## Dark ink on light paper and a white-on-black drawing both end up as ink = 1.
+def remove_paper(x: torch.Tensor) -> torch.Tensor:
+    """Return how much ink each pixel holds, 0..1, for dark-on-light and light-on-dark alike."""
+    ## Dark ink on light paper, or a white-on-black drawing? The ink is whichever extreme, the
+    ## darkest or the brightest few pixels (1 in 2,000: even a small digit in a big picture
+    ## covers more), lies further from the paper. When the picture's border is clean, it is
+    ## the paper. Otherwise (a tight crop, a dark table at the edge) compare against the local
+    ## average instead, which also removes shadows and gradients.
+    flat = x.flatten()
+    few = max(1, flat.numel() // 2000)
     border = torch.cat([x[0], x[-1], x[:, 0], x[:, -1]])
-    paper = border.median()
-    dark_tail = paper - torch.quantile(x.flatten()[:: max(1, x.numel() // 100_000)], 0.005)
-    light_tail = torch.quantile(x.flatten()[:: max(1, x.numel() // 100_000)], 0.995) - paper
-    ink = (paper - x) if dark_tail >= light_tail else (x - paper)
-    ink = ink.clamp(min=0)
-    peak = torch.quantile(ink.flatten()[:: max(1, ink.numel() // 100_000)], 0.999)
-    if peak <= 0.05:  # less contrast than paper grain: there is no digit
+    if (border - border.median()).abs().quantile(0.9) < 0.15:
+        detail = flat - border.median()
+    else:
+        local_mean = F.interpolate(F.avg_pool2d(x[None, None], max(6, max(x.shape) // 16),
+                                                ceil_mode=True), size=x.shape, mode="bilinear")
+        detail = flat - local_mean.flatten()
+    darkest, brightest = -detail.kthvalue(few).values, detail.kthvalue(flat.numel() - few).values
+    ink = ink_darker_than_paper(x if darkest >= brightest else 1 - x)
+    ## Contrast: a pencil is fainter than a marker. Scale so that the pen's typical darkness is
+    ## 1, measured on the pixels clearly darker than the paper's grain (Otsu's threshold).
+    strong = ink[ink > otsu_threshold(ink)]
+    if strong.numel() < 4 or strong.quantile(0.9) < 0.08:  # nothing stands out: a blank page
         return torch.zeros_like(ink)
-    ink = (ink / peak).clamp(0, 1)
-    ## Keep the soft edge pixels next to strong strokes (MNIST has them too) but drop faint
-    ## specks of paper grain and noise that are nowhere near a stroke.
-    near_stroke = F.max_pool2d((ink > 0.5).float()[None, None], 3, stride=1, padding=1)[0, 0]
-    return torch.where((near_stroke > 0) & (ink > 0.1), ink, torch.zeros_like(ink))
+    return (ink / strong.quantile(0.9)).clamp(0, 1)
 
 
-def digit_box(ink: torch.Tensor) -> tuple[int, int, int, int] | None:
-    """Bounding box (top, bottom, left, right) of the inked pixels, or None if there are none."""
-    rows = (ink > 0).any(dim=1).nonzero()
-    cols = (ink > 0).any(dim=0).nonzero()
-    if len(rows) == 0:
-        return None
-    return int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+def ink_darker_than_paper(x: torch.Tensor) -> torch.Tensor:
+    """Relative darkness of each pixel against the paper around it, 0..1."""
+    ## Uneven light (a phone's shadow, a lamp on one side) and coloured paper: estimate the
+    ## paper's own brightness around every pixel as the brightest value nearby (dark strokes
+    ## narrower than the window vanish), then measure ink as darkness relative to it. The
+    ## window works on a 16x smaller copy, which is fast and smooths the estimate.
+    k = max(6, max(x.shape) // 16)
+    local = F.max_pool2d(x[None, None], k, ceil_mode=True)
+    local = F.avg_pool2d(F.max_pool2d(local, 3, 1, 1), 3, 1, 1, count_include_pad=False)
+    paper = F.interpolate(local, size=x.shape, mode="bilinear", align_corners=False)[0, 0]
+    return ((paper - x) / paper.clamp(min=0.1)).clamp(0, 1)
 
 
-def fit_in_box(digit: torch.Tensor, box: int) -> torch.Tensor:
-    """Scale the cropped digit so that its longer side is `box` pixels, keeping its aspect ratio."""
-    h, w = digit.shape
+def otsu_threshold(values: torch.Tensor) -> float:
+    """The cut that best separates two groups of values in 0..1 (Otsu's method, 64 bins)."""
+    hist = torch.histc(values.flatten(), bins=64, min=0, max=1)
+    centres = (torch.arange(64) + 0.5) / 64
+    weight = hist.cumsum(0)  # pixels at or below each cut
+    mean_low = (hist * centres).cumsum(0) / weight.clamp(min=1)
+    mean_high = ((hist * centres).sum() - (hist * centres).cumsum(0)) / (
+        weight[-1] - weight).clamp(min=1)
+    between = weight * (weight[-1] - weight) * (mean_low - mean_high) ** 2
+    return float(centres[between.argmax()] + 0.5 / 64)
+
+
+def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
+    """Pixels of printed lines that cross the whole picture (squared or lined paper)."""
+    ## A line is a long, straight, thin run of ink. A run at least 1/5 of the picture wide
+    ## survives an "opening" (erode, then dilate, along the line); a slight tilt is tolerated by
+    ## smearing the mask a pixel across it first. A digit's strokes are never this long *and*
+    ## straight *and* repeated: only when two or more such lines span the picture is the paper
+    ## ruled, and only then are they removed. This runs on a copy at most 256 pixels across.
+    small, restore = at_most(mask, 256)
+    lines = torch.zeros_like(small)
+    for along in (0, 1):  # 0: horizontal lines, 1: vertical lines
+        m = (small if along == 0 else small.T).float()[None, None]
+        run = max(8, m.shape[3] // 5) | 1  # odd, so that padding keeps the size
+        smeared = F.max_pool2d(m, (3, 1), 1, (1, 0))
+        opened = -F.max_pool2d(-smeared, (1, run), 1, (0, run // 2))
+        opened = F.max_pool2d(opened, (1, run), 1, (0, run // 2))[0, 0]
+        on_line = (opened > 0) & (m[0, 0] > 0)
+        full_rows = on_line.float().mean(dim=1) > 0.6  # rows where a line spans the picture
+        separate_lines = (full_rows[1:] & ~full_rows[:-1]).sum() + full_rows[0]
+        if separate_lines >= 2:
+            ## Keep the pixels where a stroke crosses a line: there the ink runs on across it.
+            crossing = -F.max_pool2d(-m, (5, 1), 1, (2, 0))[0, 0] > 0
+            found = on_line & full_rows[:, None] & ~crossing
+            lines |= found if along == 0 else found.T
+    return restore(lines) & mask
+
+
+def at_most(mask: torch.Tensor, size: int):
+    """Shrink a mask (keeping every inked pixel) to at most `size` pixels across.
+
+    Returns the small mask and a function that scales a small mask back to the full size.
+    """
+    scale = size / max(mask.shape)
+    if scale >= 1:
+        return mask, lambda small: small
+    shape = (max(1, round(mask.shape[0] * scale)), max(1, round(mask.shape[1] * scale)))
+    small = F.adaptive_max_pool2d(mask.float()[None, None], shape)[0, 0] > 0
+
+    def restore(small: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(small.float()[None, None], size=mask.shape, mode="nearest")[0, 0] > 0
+
+    return small, restore
+
+
+def components(mask: torch.Tensor) -> torch.Tensor:
+    """Label 8-connected regions of a boolean mask: 0 = background, 1, 2, ... = regions."""
+    ## Every pixel starts with its own number and repeatedly takes the largest number among its
+    ## neighbours, until each region carries a single number. "Pointer jumping" speeds this up:
+    ## a pixel also copies the number held by the pixel its number points to.
+    flat_mask = mask.flatten()
+    labels = torch.arange(1, mask.numel() + 1, dtype=torch.float32) * flat_mask
+    while True:
+        grown = F.max_pool2d(labels.view(1, 1, *mask.shape), 3, 1, 1).flatten() * flat_mask
+        for _ in range(4):
+            grown = torch.maximum(grown, grown[(grown.long() - 1).clamp(min=0)] * flat_mask)
+        if torch.equal(grown, labels):
+            return torch.unique(labels, return_inverse=True)[1].view(mask.shape)
+        labels = grown
+
+
+def keep_digit(mask: torch.Tensor) -> torch.Tensor:
+    """Keep the digit's strokes: the main blob of ink and the pieces close to it."""
+    ## Work on a copy at most 128 pixels across: enough to tell blobs apart, and fast.
+    small, restore = at_most(mask, 128)
+    labels = components(small)
+    count = int(labels.max())
+    if count == 0:
+        return mask
+    h, w = small.shape
+    ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    area = torch.zeros(count + 1).index_add_(0, labels.flatten(), torch.ones(h * w))
+    top = torch.full((count + 1,), h).scatter_reduce(0, labels.flatten(), ys.flatten(), "amin")
+    bottom = torch.zeros(count + 1, dtype=torch.long).scatter_reduce(
+        0, labels.flatten(), ys.flatten(), "amax")
+    left = torch.full((count + 1,), w).scatter_reduce(0, labels.flatten(), xs.flatten(), "amin")
+    right = torch.zeros(count + 1, dtype=torch.long).scatter_reduce(
+        0, labels.flatten(), xs.flatten(), "amax")
+    ## Edges of the page, the table beyond it, a finger: large marks along the picture's border.
+    ## They count for little when choosing the digit, unless everything touches the border
+    ## (a tightly cropped digit).
+    touches = (top == 0) | (left == 0) | (bottom == h - 1) | (right == w - 1)
+    score = area * torch.where(touches, 0.2, 1.0)
+    score[0] = -1
+    main = int(score.argmax())
+    ## Pieces of the same digit (a "5" whose bar is detached, a broken pencil line) lie within
+    ## half a digit of the main blob; specks and other marks lie further away or are tiny.
+    size = max(bottom[main] - top[main], right[main] - left[main]) + 1
+    gap = torch.maximum(torch.maximum(top - bottom[main], top[main] - bottom),
+                        torch.maximum(left - right[main], left[main] - right)).clamp(min=0)
+    keep = (gap <= size / 2) & (area >= 0.05 * area[main]) & ~(touches & ~touches[main])
+    keep[0], keep[main] = False, True
+    return mask & restore(keep[labels])
+
+
+def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
+    """Scale the cropped digit into MNIST's 20 x 20 box, with MNIST's stroke width."""
+    ## Work at 4x the final size (an 80-pixel box), where stroke width can be measured and
+    ## adjusted in whole pixels, then shrink by averaging 4x4 blocks: that gives the soft,
+    ## anti-aliased edges MNIST digits have. MNIST strokes are about 2.4 px wide in the 20-px
+    ## box, so 9.5 px here. A mouse's 1-px line is thickened; a marker's stroke is thinned.
+    big = fit(digit, 80)
+    big = big / big.flatten().quantile(0.99).clamp(min=1e-3)  # faint thin lines back to full ink
+    big = F.pad(big.clamp(0, 1), (12, 12, 12, 12))
+    width = stroke_width(big > 0.5)
+    ## MNIST's own widths vary from about 1.5 to 3.5 px (6 to 14 here): leave those alone.
+    steps = 0 if 6 <= width <= 14 else round((9.5 - width) / 2)  # pixels to add on each side
+    if steps:
+        k = 2 * abs(steps) + 1
+        x = big[None, None]  # max-pooling spreads ink (thicker); min-pooling, the reverse
+        x = F.max_pool2d(x, k, 1, k // 2) if steps > 0 else -F.max_pool2d(-x, k, 1, k // 2)
+        big = x[0, 0]
+    rows, cols = (big > 0.5).any(dim=1).nonzero()[:, 0], (big > 0.5).any(dim=0).nonzero()[:, 0]
+    if len(rows) == 0:  # thinning erased it: keep the unthinned version
+        return F.avg_pool2d(fit(digit, 80)[None, None], 4)[0, 0]
+    big = fit(big[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1], 80)
+    h, w = big.shape
+    big = F.pad(big, (0, -w % 4, 0, -h % 4))  # whole 4x4 blocks
+    return F.avg_pool2d(big[None, None], 4)[0, 0]
+
+
+def fit(x: torch.Tensor, box: int) -> torch.Tensor:
+    """Resize so that the longer side is `box` pixels, keeping the aspect ratio."""
+    h, w = x.shape
     scale = box / max(h, w)
     size = (max(1, round(h * scale)), max(1, round(w * scale)))
     mode = "area" if scale < 1 else "bilinear"  # area averaging when shrinking: no aliasing
-    return F.interpolate(digit[None, None], size=size, mode=mode)[0, 0].clamp(0, 1)
+    return F.interpolate(x[None, None], size=size, mode=mode)[0, 0].clamp(0, 1)
+
+
+def stroke_width(mask: torch.Tensor) -> float:
+    """Average stroke width in pixels: area divided by half the outline's length."""
+    m = mask.float()[None, None]
+    inner = -F.max_pool2d(-m, 3, stride=1, padding=1)  # pixels whose 8 neighbours are all ink
+    outline = (m - inner).sum()
+    return float(2 * m.sum() / outline.clamp(min=1))
 
 
 def centre_by_mass(digit: torch.Tensor, size: int) -> torch.Tensor:
