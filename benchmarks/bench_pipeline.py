@@ -1,0 +1,156 @@
+"""Time three ways of feeding the same model, side by side in one run.
+
+    python benchmarks/bench_pipeline.py --data-dir ../shared/data               # MLP, 2 epochs
+    python benchmarks/bench_pipeline.py --data-dir ../shared/data --model cnn
+    python benchmarks/bench_pipeline.py --data-dir ../shared/data --end-to-end  # whole scripts
+
+All three train the same model with Adam (lr 1e-3), batch 64 and seed 42 on the 60,000 training
+images, and their epochs are interleaved (a1 b1 c1 a2 b2 c2 ...) so that a slow moment of a
+shared machine hits all of them alike:
+  (a) classic    benchmarks/seed_style_mnist.py: PIL -> ToTensor -> Normalize per sample in a
+                 DataLoader, plain Adam
+  (b) this repo  images decoded and normalised once (common.normalize_images), batches indexed
+                 from memory (common.TensorLoader), common.train_one_epoch, fused Adam
+  (c) floor      the same model and optimizer as (b) on random tensors already in memory, sliced
+                 in order: what training costs with no data pipeline at all
+Ratios use each pipeline's fastest epoch (the least disturbed by other work on the machine).
+
+--end-to-end instead runs seed_style_mnist.py and mnist_train.py (5 epochs each) as separate
+processes and reports wall time from process start to exit, peak memory and test accuracy.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from seed_style_mnist import classic_loaders, classic_test, classic_train_epoch
+
+import common
+
+
+def floor_epoch(model, inputs, targets, criterion, optimizer, batch_size):
+    model.train()
+    for start in range(0, len(targets), batch_size):
+        optimizer.zero_grad(set_to_none=True)
+        criterion(model(inputs[start : start + batch_size]),
+                  targets[start : start + batch_size]).backward()
+        optimizer.step()
+
+
+def timed(device, fn, *args, **kwargs):
+    start = time.perf_counter()
+    fn(*args, **kwargs)
+    if device.type != "cpu":
+        torch.accelerator.synchronize()  # GPU work is asynchronous: wait for it before timing
+    return time.perf_counter() - start
+
+
+def per_epoch(args, device):
+    criterion = nn.CrossEntropyLoss()
+    images, labels = common.load_mnist(args.data_dir, train=True)
+    test_images, test_labels = common.load_mnist(args.data_dir, train=False)
+
+    torch.manual_seed(42)
+    model_a = common.build_model(args.model).to(device)
+    opt_a = torch.optim.Adam(model_a.parameters(), lr=1e-3)
+    train_a, test_a = classic_loaders(args.data_dir)
+
+    torch.manual_seed(42)
+    model_b = common.build_model(args.model).to(device)
+    opt_b = common.make_optimizer("adam", model_b.parameters(), 1e-3, device)
+    mean, std = common.MNIST_MEAN, common.MNIST_STD
+    train_b = common.TensorLoader(common.normalize_images(images, mean, std, device),
+                                  labels.to(device), 64, shuffle=True, seed=42)
+    test_b = common.TensorLoader(common.normalize_images(test_images, mean, std, device),
+                                 test_labels.to(device), 1000)
+
+    torch.manual_seed(42)
+    model_c = common.build_model(args.model).to(device)
+    opt_c = common.make_optimizer("adam", model_c.parameters(), 1e-3, device)
+    x_c = torch.randn(len(labels), 1, 28, 28, device=device)
+    y_c = torch.randint(0, 10, (len(labels),), device=device)
+
+    times = {"a": [], "b": [], "c": []}
+    for epoch in range(1, args.epochs + 1):
+        times["a"].append(timed(device, classic_train_epoch, model_a, train_a, criterion, opt_a,
+                                device, epoch, log=lambda line: None))
+        times["b"].append(timed(device, common.train_one_epoch, model_b, train_b, criterion,
+                                opt_b, device, epoch=epoch, log=None))
+        times["c"].append(timed(device, floor_epoch, model_c, x_c, y_c, criterion, opt_c, 64))
+        print(f"epoch {epoch}: " + "  ".join(f"({k}) {v[-1]:.2f} s" for k, v in times.items()),
+              flush=True)
+    correct, total = classic_test(model_a, test_a, device)
+    acc_b = common.evaluate(model_b, test_b, criterion, device)[1]
+    best = {k: min(v) for k, v in times.items()}
+    print(f"\n{args.model} on {device}, {args.epochs} epochs of 60,000 images, batch 64 "
+          f"(torch {torch.__version__}, {torch.get_num_threads()} CPU threads)")
+    print("| pipeline | " + " | ".join(f"epoch {i}" for i in range(1, args.epochs + 1))
+          + " | fastest | test accuracy |")
+    print("|---" * (args.epochs + 3) + "|")
+    names = {"a": "(a) classic DataLoader", "b": "(b) this repo", "c": "(c) compute floor"}
+    accs = {"a": f"{correct / total:.4f}", "b": f"{acc_b:.4f}", "c": "-"}
+    for k in "abc":
+        print(f"| {names[k]} | " + " | ".join(f"{t:.2f} s" for t in times[k])
+              + f" | {best[k]:.2f} s | {accs[k]} |")
+    print(f"\n(a)/(b) = {best['a'] / best['b']:.1f}x faster;  "
+          f"(b)/(c) = {best['b'] / best['c']:.2f}x the compute floor")
+
+
+def run_script(cmd):
+    """Run a command; return (wall seconds, peak RSS in MB, its 'Test Accuracy' line)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)  # resource usage of this child alone
+    seconds = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"{' '.join(cmd)} failed")
+    accuracy = [ln for ln in out.splitlines() if ln.startswith("Test Accuracy")][-1]
+    return seconds, usage.ru_maxrss / 1024, accuracy
+
+
+def end_to_end(args):
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = {
+            "seed_style_mnist.py": [sys.executable, "benchmarks/seed_style_mnist.py",
+                                    "--data-dir", args.data_dir, "--epochs", "5",
+                                    "--model", args.model],
+            "mnist_train.py": [sys.executable, "mnist_train.py", "--data-dir", args.data_dir,
+                               "--epochs", "5", "--model", args.model, "--device", args.device,
+                               "--save-path", f"{tmp}/bench.pt"],
+        }
+        results = {}
+        for name, cmd in runs.items():
+            results[name] = run_script(cmd)
+            print(f"{name}: {results[name][0]:.1f} s, peak {results[name][1]:.0f} MB, "
+                  f"{results[name][2]}", flush=True)
+    (t_seed, m_seed, _), (t_ours, m_ours, _) = results.values()
+    print(f"\nmnist_train.py is {t_seed / t_ours:.1f}x faster end to end, with "
+          f"{m_ours / m_seed:.2f}x the peak memory")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", default="./data")
+    parser.add_argument("--model", choices=sorted(common.MODELS), default="mlp")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--end-to-end", action="store_true")
+    args = parser.parse_args()
+    if args.end_to_end:
+        end_to_end(args)
+    else:
+        per_epoch(args, common.get_device(args.device))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,304 @@
+"""Pictures of handwritten digits like the ones people feed predict.py, made from MNIST test digits.
+
+    python benchmarks/realistic_digits.py make --data-dir ../shared/data --out realistic
+    python benchmarks/realistic_digits.py score --images realistic \
+        --checkpoint checkpoints/mnist_mlp.pt
+
+`make` writes 100 pictures for each of the 13 scenarios below (1,300 files, about 25 MB) and a
+labels.csv. Everything is drawn from a fixed seed, so the set is identical on every machine.
+The digits come from the MNIST *test* set, which no model here trains on. Each picture mimics
+one way real input differs from MNIST, on top of a random tilt, size and position:
+
+    photo        dark ink on white paper, uneven light, blur, sensor noise, JPEG
+    ballpoint    thin blue ballpoint pen on white or cream paper
+    marker       thick black marker
+    pencil       grey, low-contrast strokes
+    colour       dark ink on yellow, green, pink or blue paper
+    grid         squared paper: printed grid lines cross the digit
+    lined        ruled paper: horizontal lines
+    shadow       a strong light gradient and a shadow across the page
+    paint        white strokes on black, drawn in a paint program (PNG)
+    mouse        1-pixel strokes drawn with a mouse, black on white (PNG)
+    tight        cropped tightly around the digit
+    margin       a small digit in a big, mostly empty picture
+    tiny         a 28x28 or 32x32 low-quality JPEG
+
+`score` runs `predict.py --json` on the pictures and prints the accuracy for each scenario and
+overall, next to the "naive" accuracy of the same model on the same pictures converted to gray,
+squashed to 28x28 and inverted when the paper is light, without predict.py's preprocessing.
+It is a tool for finding failure modes; real photos remain the final judge.
+"""
+
+import argparse
+import csv
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+import common
+
+SCENARIOS = ["photo", "ballpoint", "marker", "pencil", "colour", "grid", "lined", "shadow",
+             "paint", "mouse", "tight", "margin", "tiny"]
+
+
+# drawing a digit -------------------------------------------------------------------------------
+def digit_alpha(digit: torch.Tensor, height: int, rng: random.Random) -> torch.Tensor:
+    """Upscale a 28x28 MNIST digit so its 20-pixel box is `height` tall; return ink in 0..1."""
+    size = max(28, round(28 * height / 20))
+    x = F.interpolate(digit[None, None].float() / 255, size=(size, size), mode="bicubic",
+                      align_corners=False)[0, 0]
+    ## MNIST's soft edges, magnified, look blurry: sharpen them into a pen-like stroke.
+    return ((x - 0.45) / 0.2).clamp(0, 1)
+
+
+def change_width(alpha: torch.Tensor, pixels: int) -> torch.Tensor:
+    """Thicken (pixels > 0) or thin (pixels < 0) the strokes by about `pixels` on each side."""
+    if pixels == 0:
+        return alpha
+    k = 2 * abs(pixels) + 1
+    x = alpha[None, None]
+    x = F.max_pool2d(x, k, 1, k // 2) if pixels > 0 else -F.max_pool2d(-x, k, 1, k // 2)
+    return x[0, 0]
+
+
+def skeleton(alpha: torch.Tensor) -> torch.Tensor:
+    """Thin the strokes to 1-pixel lines (Zhang-Suen thinning), like a 1-px mouse brush."""
+    img = (alpha > 0.5).float()
+    while True:
+        changed = False
+        for step in (0, 1):
+            p = F.pad(img, (1, 1, 1, 1))
+            h, w = img.shape
+            n = [p[0:h, 1:w + 1], p[0:h, 2:], p[1:h + 1, 2:], p[2:, 2:],  # p2 (up), clockwise
+                 p[2:, 1:w + 1], p[2:, 0:w], p[1:h + 1, 0:w], p[0:h, 0:w]]
+            count = sum(n)
+            transitions = sum(((n[i] == 0) & (n[(i + 1) % 8] == 1)).float() for i in range(8))
+            if step == 0:
+                extra = (n[0] * n[2] * n[4] == 0) & (n[2] * n[4] * n[6] == 0)
+            else:
+                extra = (n[0] * n[2] * n[6] == 0) & (n[0] * n[4] * n[6] == 0)
+            remove = (img == 1) & (count >= 2) & (count <= 6) & (transitions == 1) & extra
+            if remove.any():
+                img[remove] = 0
+                changed = True
+        if not changed:
+            return img
+
+
+def rotate(alpha: torch.Tensor, degrees: float) -> torch.Tensor:
+    """Rotate about the centre, growing the canvas so that nothing is cut off."""
+    a = math.radians(degrees)
+    h, w = alpha.shape
+    size = math.ceil(math.hypot(h, w))
+    x = F.pad(alpha, ((size - w) // 2, size - w - (size - w) // 2,
+                      (size - h) // 2, size - h - (size - h) // 2))
+    theta = torch.tensor([[[math.cos(a), -math.sin(a), 0.0], [math.sin(a), math.cos(a), 0.0]]])
+    grid = F.affine_grid(theta, [1, 1, size, size], align_corners=False)
+    out = F.grid_sample(x[None, None], grid, align_corners=False)[0, 0]
+    rows, cols = (out > 0.02).any(1).nonzero(), (out > 0.02).any(0).nonzero()
+    return out[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
+
+
+# drawing the paper ------------------------------------------------------------------------------
+def smooth_noise(h: int, w: int, cells: int, g: torch.Generator) -> torch.Tensor:
+    """Low-frequency noise in -1..1: blotchy paper, uneven light."""
+    coarse = torch.rand(1, 1, cells, cells, generator=g) * 2 - 1
+    return F.interpolate(coarse, size=(h, w), mode="bicubic", align_corners=False)[0, 0]
+
+
+def lighting(h: int, w: int, strength: float, rng: random.Random) -> torch.Tensor:
+    """A multiplicative light field: a linear gradient in a random direction (1 = full light)."""
+    angle = rng.uniform(0, 2 * math.pi)
+    ys, xs = torch.meshgrid(torch.linspace(-1, 1, h), torch.linspace(-1, 1, w), indexing="ij")
+    ramp = (xs * math.cos(angle) + ys * math.sin(angle)) / 2 + 0.5  # 0..1 across the page
+    return 1 - strength * ramp
+
+
+def shadow(h: int, w: int, rng: random.Random) -> torch.Tensor:
+    """A soft-edged shadow over part of the page, like a phone or a hand in the light."""
+    ys, xs = torch.meshgrid(torch.linspace(-1, 1, h), torch.linspace(-1, 1, w), indexing="ij")
+    angle, offset = rng.uniform(0, 2 * math.pi), rng.uniform(-0.6, 0.6)
+    side = xs * math.cos(angle) + ys * math.sin(angle) - offset
+    return 1 - rng.uniform(0.3, 0.55) * torch.sigmoid(side * rng.uniform(4, 12))
+
+
+def blur(img: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Gaussian blur of a C x H x W image."""
+    if sigma < 0.3:
+        return img
+    radius = math.ceil(3 * sigma)
+    k = torch.exp(-(torch.arange(-radius, radius + 1) ** 2) / (2 * sigma**2))
+    k = (k / k.sum()).view(1, 1, 1, -1).expand(img.shape[0], 1, 1, -1)
+    x = F.pad(img[None], (radius, radius, radius, radius), mode="replicate")
+    x = F.conv2d(x, k, groups=img.shape[0])
+    x = F.conv2d(x, k.transpose(2, 3), groups=img.shape[0])
+    return x[0]
+
+
+def render(digit: torch.Tensor, scenario: str, rng: random.Random,
+           g: torch.Generator) -> tuple[Image.Image, str]:
+    """Draw one picture of `digit` (28x28 uint8) for `scenario`; return (image, file suffix)."""
+    height = round(math.exp(rng.uniform(math.log(60), math.log(260))))  # digit height in px
+    width_change, thin = 0, False
+    paper = (rng.uniform(0.86, 0.98),) * 3
+    ink = (rng.uniform(0.02, 0.12),) * 3
+    light, sigma, noise, quality = rng.uniform(0, 0.3), rng.uniform(0, 1.2), 0.02, 85
+    margin = rng.uniform(0.25, 1.5)  # empty space around the digit, in digit heights
+    if scenario == "ballpoint":
+        ink = (rng.uniform(0.05, 0.2), rng.uniform(0.1, 0.3), rng.uniform(0.45, 0.7))
+        paper = (0.97, 0.96, rng.uniform(0.85, 0.95))
+        thin = True
+    elif scenario == "marker":
+        width_change = max(2, height // 25)
+    elif scenario == "pencil":
+        ink = (rng.uniform(0.45, 0.6),) * 3
+        width_change = -max(1, height // 60)
+    elif scenario == "colour":
+        paper = rng.choice([(0.98, 0.93, 0.55), (0.75, 0.92, 0.75), (0.98, 0.78, 0.85),
+                            (0.72, 0.85, 0.98)])
+    elif scenario == "shadow":
+        light = rng.uniform(0.3, 0.5)
+    elif scenario == "paint":
+        paper, ink, light, sigma, noise = (0.0,) * 3, (1.0,) * 3, 0.0, 0.0, 0.0
+        width_change = rng.choice([0, height // 30])
+    elif scenario == "mouse":
+        paper, ink, light, sigma, noise = (1.0,) * 3, (0.0,) * 3, 0.0, 0.0, 0.0
+        thin, height = True, round(rng.uniform(120, 300))
+    elif scenario == "tight":
+        margin = rng.uniform(0.0, 0.08)
+    elif scenario == "margin":
+        height, margin = round(rng.uniform(30, 60)), rng.uniform(4, 8)
+    elif scenario == "tiny":
+        height, margin, sigma, quality = 20, 0.2, rng.uniform(0, 0.5), rng.randint(30, 70)
+
+    alpha = digit_alpha(digit, height, rng)
+    if thin:
+        alpha = skeleton(alpha)
+        if scenario == "ballpoint":
+            alpha = change_width(alpha, max(0, height // 80))
+    alpha = rotate(change_width(alpha, width_change), rng.uniform(-8, 8))
+    ah, aw = alpha.shape
+    pad = round(margin * height)
+    h, w = ah + 2 * pad + rng.randint(0, pad + 1), aw + 2 * pad + rng.randint(0, pad + 1)
+    top, left = rng.randint(0, h - ah), rng.randint(0, w - aw)
+    full = torch.zeros(h, w)
+    full[top:top + ah, left:left + aw] = alpha
+
+    canvas = torch.tensor(paper).view(3, 1, 1) * (1 + 0.04 * smooth_noise(h, w, 6, g))
+    if scenario in ("grid", "lined"):
+        step = rng.randint(max(8, height // 6), max(12, height // 3))
+        colour = torch.tensor(rng.choice([(0.6, 0.75, 0.95), (0.7, 0.7, 0.7), (0.55, 0.8, 0.9)]))
+        lines = torch.zeros(h, w, dtype=torch.bool)
+        offset = rng.randint(0, step - 1)
+        lines[offset::step, :] = True
+        if scenario == "grid":
+            lines[:, offset::step] = True
+        canvas = torch.where(lines, colour.view(3, 1, 1), canvas)
+    strength = rng.uniform(0.85, 1.0)  # how much ink covers the paper
+    canvas = canvas * (1 - strength * full) + torch.tensor(ink).view(3, 1, 1) * strength * full
+    canvas = canvas * lighting(h, w, light, rng)
+    if scenario == "shadow":
+        canvas = canvas * shadow(h, w, rng)
+    canvas = blur(canvas, sigma * height / 100)
+    canvas = canvas + noise * torch.randn(canvas.shape, generator=g)
+    if scenario == "tiny":  # shrink the whole picture to 28 or 32 pixels, as it was saved
+        side = rng.choice([28, 32])
+        canvas = F.interpolate(canvas[None], size=(side, side), mode="area")[0]
+    pixels = (canvas.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous()
+    img = Image.frombytes("RGB", (pixels.shape[1], pixels.shape[0]), pixels.numpy().tobytes())
+    if scenario in ("paint", "mouse"):
+        return img, ".png"
+    img.info["quality"] = quality
+    return img, ".jpg"
+
+
+def make(args) -> None:
+    images, labels = common.load_mnist(args.data_dir, train=False)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng, g = random.Random(0), torch.Generator().manual_seed(0)
+    picks = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1))
+    rows = []
+    for s, scenario in enumerate(SCENARIOS):
+        for i in range(args.per_scenario):
+            index = int(picks[s * args.per_scenario + i])
+            img, suffix = render(images[index], scenario, rng, g)
+            name = f"{scenario}_{i:03d}{suffix}"
+            img.save(out / name, quality=img.info.get("quality", 95))
+            rows.append((name, scenario, int(labels[index]), index))
+        print(f"{scenario}: {args.per_scenario} pictures", flush=True)
+    with open(out / "labels.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["file", "scenario", "label", "mnist_test_index"])
+        writer.writerows(rows)
+    print(f"wrote {len(rows)} pictures and labels.csv to {out}/")
+
+
+# scoring ----------------------------------------------------------------------------------------
+def naive_input(path: Path, mean: float, std: float) -> torch.Tensor:
+    """The picture squashed to 28x28 gray, inverted if the paper is light: no real preprocessing."""
+    gray = Image.open(path).convert("L").resize((28, 28), Image.BILINEAR)
+    x = torch.frombuffer(bytearray(gray.tobytes()), dtype=torch.uint8).view(28, 28).float() / 255
+    if x.median() > 0.5:
+        x = 1 - x
+    return ((x - mean) / std)[None, None]
+
+
+def score(args) -> None:
+    folder = Path(args.images)
+    with open(folder / "labels.csv") as f:
+        rows = list(csv.DictReader(f))
+    paths = [str(folder / r["file"]) for r in rows]
+    proc = subprocess.run([sys.executable, str(REPO / "predict.py"), "--json", "--checkpoint",
+                           args.checkpoint, *paths], capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(proc.stderr)
+    predictions = {r["path"]: r["prediction"] for r in json.loads(proc.stdout)}
+    model, checkpoint = common.load_model(args.checkpoint)
+    with torch.inference_mode():
+        naive = {p: int(model(naive_input(Path(p), checkpoint["mean"], checkpoint["std"])).argmax())
+                 for p in paths}
+    print(f"{args.checkpoint} ({checkpoint['model_name']}) on {folder}/")
+    print("| scenario | pictures | predict.py | naive 28x28 |")
+    print("|---|---|---|---|")
+    for scenario in SCENARIOS + ["all"]:
+        chosen = [(p, int(r["label"])) for p, r in zip(paths, rows)
+                  if scenario in ("all", r["scenario"])]
+        if not chosen:
+            continue
+        ours = sum(predictions[p] == label for p, label in chosen) / len(chosen)
+        base = sum(naive[p] == label for p, label in chosen) / len(chosen)
+        name = f"**{scenario}**" if scenario == "all" else scenario
+        print(f"| {name} | {len(chosen)} | {ours:.1%} | {base:.1%} |")
+    if args.errors:
+        for p, r in zip(paths, rows):
+            if predictions[p] != int(r["label"]):
+                print(f"wrong: {p} is {r['label']}, predicted {predictions[p]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    m = commands.add_parser("make", help="draw the pictures")
+    m.add_argument("--data-dir", default="./data")
+    m.add_argument("--out", default="realistic")
+    m.add_argument("--per-scenario", type=int, default=100)
+    s = commands.add_parser("score", help="classify them with predict.py and report accuracy")
+    s.add_argument("--images", default="realistic")
+    s.add_argument("--checkpoint", default="checkpoints/mnist_mlp.pt")
+    s.add_argument("--errors", action="store_true", help="list the misclassified pictures")
+    args = parser.parse_args()
+    make(args) if args.command == "make" else score(args)
+
+
+if __name__ == "__main__":
+    main()
