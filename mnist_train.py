@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(auto: bf16 on CPUs and on GPUs that support it, else fp16)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--seed", type=int, default=42, help="same seed, same run")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="bit-identical runs on a GPU too, at some cost in speed")
     # output
     parser.add_argument("--save-path", type=Path, default=None,
                         help="best checkpoint (default: checkpoints/mnist_<model>.pt, or "
@@ -255,6 +257,13 @@ def train(args, parser) -> None:
     main_process = rank == 0  # only rank 0 prints, writes files and saves checkpoints
     log = print if main_process else None
     common.set_seed(args.seed + rank)  # ranks differ in dropout; DDP copies rank 0's weights
+    if args.deterministic:
+        ## On the CPU, runs with the same seed are already bit-identical. GPUs pick the fastest
+        ## kernel, and some (atomic adds, cuDNN autotuning, cuBLAS split reductions) add floats
+        ## in a varying order. This forbids those: ops without a deterministic version raise.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first matmul
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
     if device.type == "cuda":
         ## TF32 runs float32 matmuls on tensor cores with a 10-bit mantissa: several times faster
         ## on Ampere and newer GPUs, and no visible change in accuracy for a model like this.

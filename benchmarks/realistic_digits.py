@@ -291,7 +291,8 @@ def main() -> None:
     m = commands.add_parser("make", help="draw the pictures")
     m.add_argument("--data-dir", default="./data")
     m.add_argument("--out", default="realistic")
-    m.add_argument("--per-scenario", type=int, default=100)
+    m.add_argument("--per-scenario", type=int, default=100,
+                   help="pictures per scenario (13 scenarios)")
     s = commands.add_parser("score", help="classify them with predict.py and report accuracy")
     s.add_argument("--images", default="realistic")
     s.add_argument("--checkpoint", default="checkpoints/mnist_mlp.pt")

@@ -112,19 +112,6 @@ def test_missing_mnist_offline_names_the_folder(tmp_path, capsys, no_network):
     assert err.startswith("error: MNIST is not in ") and f"{tmp_path}/data/MNIST/raw/" in err
 
 
-def test_as_a_script_it_exits_cleanly_without_tracebacks(tiny_mnist, tmp_path):
-    def script(*args):
-        return subprocess.run([sys.executable, "mnist_train.py", "--data-dir", str(tiny_mnist),
-                               "--save-path", str(tmp_path / "m.pt"), *args],
-                              cwd=REPO, capture_output=True, text=True, timeout=300)
-
-    ok = script("--dry-run", "--val-size", "100")
-    assert ok.returncode == 0, ok.stderr
-    assert "Test Accuracy: " in ok.stdout
-    bad = script("--val-size", "100", "--batch-size", "0")
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr
-
-
 MNIST_DIR = os.environ.get("MNIST_DATA_DIR")
 
 
@@ -198,3 +185,67 @@ def test_an_interrupted_run_exits_promptly_and_leaves_a_loadable_checkpoint(tiny
     assert len(err.strip().splitlines()) == 1
     common.load_model(save_path)  # loads: it is complete
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.csv", "best.pt"]  # no temp files
+
+
+def centre_of_mass(img):
+    """(row, column) centre of mass of a 28x28 image whose background is 0."""
+    total = img.sum()
+    return ((img.sum(1) * torch.arange(28)).sum() / total,
+            (img.sum(0) * torch.arange(28)).sum() / total)
+
+
+def test_augment_varies_digits_mildly_and_keeps_them_digits(tiny_mnist):
+    images, _ = common.load_mnist(tiny_mnist, train=True)
+    x = common.normalize_images(images[:300], common.MNIST_MEAN, common.MNIST_STD)
+    torch.manual_seed(0)
+    out = mnist_train.augment(x)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    ## no new values: warping and pooling only move and mix existing intensities
+    background = x.min()
+    assert out.min() >= background - 1e-5 and out.max() <= x.max() + 1e-5
+    assert torch.allclose(out[:, :, 0, 0], background.expand(300))  # no dark frame
+    ink_in, ink_out = (x - background).sum((1, 2, 3)), (out - background).sum((1, 2, 3))
+    ratio = ink_out / ink_in
+    ## some strokes got thicker, some thinner, none vanished or blew up
+    assert (ratio > 1.15).any() and (ratio < 0.85).any()
+    assert ratio.min() > 0.4 and ratio.max() < 2.5
+    ## every image changed, but its centre moved by at most a few pixels
+    assert ((out - x).abs().amax((1, 2, 3)) > 0.1).all()
+    for before, after in zip(x[:, 0] - background, out[:, 0] - background):
+        shift = torch.stack(centre_of_mass(before)) - torch.stack(centre_of_mass(after))
+        assert shift.abs().max() < 3.5
+    ## the same seed gives the same augmentation
+    torch.manual_seed(0)
+    assert torch.equal(mnist_train.augment(x), out)
+
+
+@pytest.mark.parametrize("loader", ["memory", "dataloader"])
+def test_augment_touches_training_batches_only(tiny_mnist, loader):
+    args = mnist_train.build_parser().parse_args(
+        ["--data-dir", str(tiny_mnist), "--augment", "--loader", loader, "--batch-size", "600"])
+    images, labels = common.load_mnist(tiny_mnist, train=True)
+    test_images, test_labels = common.load_mnist(tiny_mnist, train=False)
+    splits = (torch.arange(600), torch.arange(600, 800), torch.arange(200))
+    train, val, test = mnist_train.make_loaders(args, images, labels, test_images, test_labels,
+                                                splits, torch.device("cpu"), 0, 1)
+    plain = common.normalize_images(images, common.MNIST_MEAN, common.MNIST_STD)
+    val_x, _ = next(iter(val))
+    assert torch.allclose(val_x, plain[600:800], atol=1e-5)  # validation: exactly the images
+    test_x, _ = next(iter(test))
+    assert test_x.shape[0] == 200
+    train_x, train_y = next(iter(train))
+    ## training batches are the same images, shuffled, and augmented
+    assert torch.equal(train_y.sort().values, labels[:600].sort().values)
+    assert train_x.shape == (600, 1, 28, 28)
+    assert not any(torch.allclose(train_x[0], plain[i], atol=1e-3) for i in range(600))
+
+
+def test_deterministic_flag_turns_on_deterministic_algorithms(tiny_mnist, tmp_path, monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        assert train(tiny_mnist, tmp_path / "m.pt", "--dry-run", "--deterministic") == 0
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(False)
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
