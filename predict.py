@@ -76,6 +76,8 @@ def load_gray(path: Path) -> torch.Tensor:
 
 def preprocess(gray: torch.Tensor) -> torch.Tensor:
     """Turn a grayscale picture (H x W, 0..1) into a 28 x 28 MNIST-style digit (white on black)."""
+    if already_mnist(gray):  # e.g. an MNIST test image: every step below would only blur it
+        return gray.clamp(0, 1)
     x = shrink(gray, WORK_SIZE)
     ink = remove_paper(x)  # ink = 1, paper = 0: any polarity, paper colour or lighting
     mask = ink > 0.45
@@ -88,6 +90,22 @@ def preprocess(gray: torch.Tensor) -> torch.Tensor:
     near = F.max_pool2d(mask.float()[None, None], 3, stride=1, padding=1)[0, 0] > 0
     digit = (ink * near)[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
     return centre_by_mass(mnist_strokes(digit), 28)
+
+
+def already_mnist(gray: torch.Tensor) -> bool:
+    """True for a 28 x 28 white-on-black digit that fills about 20 x 20 and is centred by mass."""
+    if gray.shape != (28, 28):
+        return False
+    border = torch.cat([gray[0], gray[-1], gray[:, 0], gray[:, -1]])
+    ink = gray > 0.3
+    if border.max() > 0.2 or not ink.any() or ink.float().mean() > 0.5:  # not white on black
+        return False
+    rows, cols = ink.any(dim=1).nonzero()[:, 0], ink.any(dim=0).nonzero()[:, 0]
+    extent = max(rows[-1] - rows[0], cols[-1] - cols[0]) + 1
+    total = gray.sum()
+    cy = (gray.sum(dim=1) * torch.arange(28)).sum() / total
+    cx = (gray.sum(dim=0) * torch.arange(28)).sum() / total
+    return bool(16 <= extent <= 22 and abs(cy - 14) <= 1.5 and abs(cx - 14) <= 1.5)
 
 
 def shrink(x: torch.Tensor, size: int) -> torch.Tensor:
