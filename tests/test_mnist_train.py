@@ -175,11 +175,14 @@ def test_an_interrupted_run_exits_promptly_and_leaves_a_loadable_checkpoint(tiny
         if "saved best" in line:
             break
     proc.send_signal(sig)
+    ## A healthy machine exits in about a second. The limit is generous because a heavily
+    ## loaded CI machine can take a minute just to tear down a process that imported torch;
+    ## what it catches is a hang (a signal swallowed, a loop that does not stop).
     try:
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
         proc.kill()
-        pytest.fail("the run did not stop within 60 s of the signal")
+        pytest.fail("the run did not stop within 300 s of the signal")
     assert proc.returncode == 130
     assert err.strip().startswith("interrupted") and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
