@@ -549,6 +549,8 @@ def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
 
 def is_main_process() -> bool:
     """True in a plain run and on rank 0: the one process that prints and saves."""
+    if "WORLD_SIZE" not in os.environ:  # plain run: do not even import torch.distributed
+        return True
     import torch.distributed as dist
 
     return not dist.is_initialized() or dist.get_rank() == 0
@@ -569,6 +571,8 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
 
 def cleanup_distributed() -> None:
     """Leave the process group, if this process joined one."""
+    if "WORLD_SIZE" not in os.environ:  # plain run: nothing was initialised
+        return
     import torch.distributed as dist
 
     if dist.is_initialized():
