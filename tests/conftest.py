@@ -5,6 +5,7 @@ built-in font, varied in size, position, stroke and angle, and saved as the four
 torchvision reads, so mnist_train.py runs its real loading code on it.
 """
 
+import os
 import random
 import shutil
 from pathlib import Path
@@ -14,6 +15,12 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 TINY_TRAIN, TINY_TEST = 800, 200
+
+## The tests work on a few hundred 28x28 images: batches far too small for two threads to help,
+## and on a busy 2-core CI VM the threads wait on each other (measured: 3-9x slower than one).
+## Child processes that the tests start get the same setting through OMP_NUM_THREADS.
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def render_digit(digit: int, rng: random.Random, size: int = 28) -> Image.Image:
