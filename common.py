@@ -16,9 +16,11 @@ object), so it keeps working when pasted into another file with `import torch`.
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import os
 import random
+import stat
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -450,21 +452,9 @@ def save_checkpoint(path: str | Path, model: nn.Module, *, model_name: str, mean
     model = getattr(model, "_orig_mod", model)
     checkpoint = {"model_name": model_name, "state_dict": model.state_dict(), "mean": float(mean),
                   "std": float(std), "epoch": int(epoch), "val_accuracy": float(val_accuracy)}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ## Write a temporary file in the same folder, then rename it over the old one. os.replace is
-    ## atomic, so a crash, Ctrl-C or full disk at any moment leaves either the old checkpoint or
-    ## the new one, never half of one.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())  # make sure the bytes are on disk before the rename
-        os.replace(tmp, path)
-    except BaseException:  # including KeyboardInterrupt: remove the half-written file, re-raise
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)  # in memory first: a failed write then raises a plain OSError
+    write_atomically(path, buffer.getvalue())
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
@@ -577,3 +567,56 @@ def cleanup_distributed() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# writing files safely
+
+
+class OutputError(Exception):
+    """A result that cannot be written: a bad output path, a full disk, an I/O error."""
+
+
+def output_file_problem(path: str | Path) -> str | None:
+    """Say why `path` must not be replaced by a regular file, or return None if it may."""
+    try:
+        mode = os.stat(path).st_mode  # follows symlinks: a link to a device is a device
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"cannot be inspected ({err.strerror})"
+    if stat.S_ISDIR(mode):
+        return "is a directory; give a file name inside it"
+    if not stat.S_ISREG(mode):
+        kind = ("a character device" if stat.S_ISCHR(mode) else "a block device"
+                if stat.S_ISBLK(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        return f"is {kind}, not a regular file, and will not be replaced"
+    return None
+
+
+def write_atomically(path: str | Path, data: bytes) -> None:
+    """Replace the regular file `path` by `data`, all or nothing; raise OutputError on failure."""
+    ## Write a temporary file in the target's own folder, flush it to disk, then rename it over
+    ## the target. os.replace is atomic: a crash, Ctrl-C or full disk at any moment leaves the
+    ## old file or the new one, never half of one, and the temporary file is always removed.
+    path = Path(os.path.realpath(path))  # through a symlink: replace the file it points to
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them visible
+        ## Checked again right before the rename, because the path may have changed during a
+        ## long run: os.replace over /dev/null would turn the device into a regular file.
+        if problem := output_file_problem(path):
+            raise OutputError(f"{path} {problem}")
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as err:
+        raise OutputError(f"could not write {path}: {err.strerror or err}") from err
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)

@@ -405,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             print("\ninterrupted: stopped. Checkpoints already on disk are complete and load as "
                   "usual.", file=sys.stderr)
         return 130
-    except (common.DataError, common.CheckpointError, common.NonFiniteLossError) as err:
+    except (common.DataError, common.CheckpointError, common.NonFiniteLossError,
+            common.OutputError) as err:
         rank = os.environ.get("RANK")  # under torchrun, say which process failed
         print(f"error{f' (rank {rank})' if rank else ''}: {err}", file=sys.stderr)
         return 1

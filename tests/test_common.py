@@ -392,3 +392,20 @@ def test_a_damaged_gz_file_is_named(tmp_path, no_network):
     (raw / "train-images-idx3-ubyte.gz").write_bytes(b"\x1f\x8b not really gzip")
     with pytest.raises(common.DataError, match="train-images-idx3-ubyte.gz is damaged"):
         common.load_mnist(tmp_path, train=True)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to a fifo", "directory"])
+def test_saving_never_replaces_anything_but_a_regular_file(tmp_path, kind):
+    ## A FIFO stands in for /dev/null: os.replace would turn either into a regular file.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    names = {"fifo": "fifo", "link to a fifo": "link", "directory": "dir"}
+    target = tmp_path / names[kind]
+    if kind == "link to a fifo":
+        target.symlink_to(fifo)
+    if kind == "directory":
+        target.mkdir()
+    with pytest.raises(common.OutputError, match="not a regular file|is a directory"):
+        save(target, common.build_model("mlp"))
+    assert fifo.is_fifo() and (kind != "directory" or target.is_dir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"fifo", names[kind]})
