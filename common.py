@@ -1,51 +1,35 @@
-"""The pieces every script here shares, written so that you can copy any one of them.
+"""What the scripts here share, in the order a lesson needs it.
 
     from common import evaluate, get_device, set_seed, train_one_epoch
 
-    set_seed(42)
-    device = get_device()  # "auto": CUDA, MPS or XPU when present, else the CPU
+    generator = set_seed(42)  # give it to DataLoader(..., shuffle=True, generator=generator)
+    device = get_device()     # the GPU (CUDA, ROCm, MPS, XPU) when there is one, else the CPU
     for epoch in range(1, epochs + 1):
         train_loss = train_one_epoch(model, train_loader, criterion, optimizer, device, epoch=epoch)
         val_loss, val_acc = evaluate(model, val_loader, criterion, device)
 
-Sections: errors, reproducibility, device, models, data, the training loop, checkpoints.
-Each public function gets everything it needs through its arguments (no globals, no config
-object), so it keeps working when pasted into another file with `import torch`.
+The first half is the lesson: seeding, the device, the models, the training loop, checkpoints.
+set_seed, get_device, MLP, CNN, train_one_epoch and evaluate each work when pasted alone into a
+file that imports only the standard library and torch. The checkpoint functions need the
+helpers around them (copy the "checkpoints" section together with write_atomically).
+
+The second half is plumbing that the scripts share and a reader can skip: reading the MNIST
+files, batches cut from tensors in memory, writing files safely, and torchrun.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import math
 import os
 import random
+import secrets
 import stat
-import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
-
-# ---------------------------------------------------------------------------------------------
-# errors
-## The scripts print these three in one line and exit with code 1: they are problems a user can
-## fix (bad data, a bad file, a run that diverged). Any other exception is a bug in the code, and
-## keeps its traceback.
-
-
-class DataError(ValueError):
-    """Training data that cannot be used: labels out of range, NaN inputs, missing MNIST files."""
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, damaged, unsafe to load, or made for another model."""
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite, so the weights are no longer usable."""
-
 
 # ---------------------------------------------------------------------------------------------
 # reproducibility
@@ -54,21 +38,14 @@ class NonFiniteLossError(RuntimeError):
 def set_seed(seed: int) -> torch.Generator:
     """Seed Python's `random` and PyTorch (CPU and every accelerator); return a CPU generator."""
     random.seed(seed)
-    ## torch.manual_seed seeds the CPU *and* every accelerator's generator (CUDA, MPS, XPU), so
-    ## weight initialisation, dropout and torch.randperm repeat exactly from run to run.
+    ## torch.manual_seed seeds the CPU *and* every accelerator's generator, so weight
+    ## initialisation, dropout and torch.randperm repeat exactly from run to run.
     torch.manual_seed(seed)
-    ## Give the returned generator to DataLoader(generator=...). The shuffling order, and the seeds
-    ## that worker processes receive, then come from it and not from whatever consumed the global
-    ## generator before (a model built with more layers would otherwise change the data order).
+    ## Give the returned generator to DataLoader(generator=...). The shuffling order, and the
+    ## seeds of its worker processes (PyTorch seeds `random` and torch in each worker from it),
+    ## then do not depend on how much randomness the code before used: a model with one more
+    ## layer would otherwise change the data order.
     return torch.Generator().manual_seed(seed)
-
-
-def seed_worker(worker_id: int) -> None:
-    """DataLoader `worker_init_fn`: seed Python's `random` in a worker from its torch seed."""
-    ## Each worker process gets torch seed base_seed + worker_id, with base_seed drawn from the
-    ## loader's generator. Recent PyTorch also seeds `random` this way; doing it here explicitly
-    ## keeps augmentations written with `random` reproducible with num_workers > 0 everywhere.
-    random.seed(torch.initial_seed() % 2**32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,7 +55,7 @@ def seed_worker(worker_id: int) -> None:
 def get_device(name: str = "auto") -> torch.device:
     """Return torch.device(name); "auto" picks the available accelerator, else the CPU."""
     ## torch.accelerator covers CUDA, ROCm, Apple MPS and Intel XPU with one API, so the same
-    ## script runs on all of them. Pass "cpu" to skip the query (and the GPU stack) altogether.
+    ## script runs on all of them. "cpu" skips the query (and the GPU stack) altogether.
     if name == "auto":
         if torch.accelerator.is_available():
             return torch.accelerator.current_accelerator()
@@ -98,7 +75,7 @@ def get_device(name: str = "auto") -> torch.device:
             hint = (f" This PyTorch ({torch.__version__}) is {build}; `nvidia-smi` shows "
                     "whether a driver and a GPU are visible.")
         raise ValueError(f"device {name!r} is not available here (accelerator found: "
-                         f"{found.type if found else 'none'}). Use --device cpu or auto.{hint}")
+                         f"{found.type if found else 'none'}); use 'cpu' or 'auto'.{hint}")
     if device.index is not None and device.index >= torch.accelerator.device_count():
         raise ValueError(f"device {name!r} does not exist: this machine has "
                          f"{torch.accelerator.device_count()} {device.type} device(s)")
@@ -108,9 +85,11 @@ def get_device(name: str = "auto") -> torch.device:
 # ---------------------------------------------------------------------------------------------
 # models
 ## A model is an nn.Module: layers with weights are created in __init__, which registers their
-## parameters (model.parameters() finds them, model.to(device) moves them); forward() says how data
-## flows through them. Neither model ends in a softmax: nn.CrossEntropyLoss applies log-softmax
-## itself, and a second softmax would squash the logits and slow learning.
+## parameters (model.parameters() finds them, model.to(device) moves them); forward() says how
+## data flows through them. PyTorch initialises each layer's weights when it is built
+## (Kaiming-uniform for Linear and Conv2d, which suits ReLU networks). Neither model ends in a
+## softmax: nn.CrossEntropyLoss applies log-softmax itself, and a second softmax would squash
+## the logits and slow learning.
 
 
 class MLP(nn.Module):
@@ -162,7 +141,179 @@ def build_model(name: str) -> nn.Module:
 
 
 # ---------------------------------------------------------------------------------------------
-# data
+# the training loop
+
+
+def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
+                    optimizer: torch.optim.Optimizer, device: torch.device | str, *,
+                    epoch: int = 1, log_interval: int = 200, amp_dtype: torch.dtype | None = None,
+                    scaler: torch.amp.GradScaler | None = None, clip_grad: float | None = None,
+                    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+                    log: Callable[[str], None] | None = print) -> float:
+    """Train for one pass over `loader`; return the average loss per sample."""
+    device = torch.device(device)
+    model.train()  # Dropout and BatchNorm behave as in training; evaluate() switches them back
+    scaler = scaler or torch.amp.GradScaler(device.type, enabled=False)  # disabled: passes through
+    total, seen, logged = torch.zeros((), device=device), 0, (0.0, 0)  # loss sum on the device
+    for batch, (inputs, targets) in enumerate(loader, start=1):
+        inputs, targets = inputs.to(device), targets.to(device)  # no copy if already there
+        ## 1. Clear the old gradients: backward() *adds* to .grad, it does not overwrite it.
+        optimizer.zero_grad(set_to_none=True)
+        ## 2-3. Forward pass and loss. autocast (AMP) runs matmuls in bfloat16 or float16 where
+        ##      that is safe; with amp_dtype=None it does nothing.
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = criterion(model(inputs), targets)
+        ## 4. Backward: fill each .grad with d(loss)/d(parameter) (float16: of the scaled loss).
+        scaler.scale(loss).backward()
+        ## 5. Optional: shrink all gradients if their joint norm exceeds clip_grad (spike guard).
+        if clip_grad is not None:
+            scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+            nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+        ## 6. Update the weights. In another order (step before backward, zero in between) no
+        ##    error is raised: the model just never learns. That is why the order matters.
+        scaler.step(optimizer)  # optimizer.step(), unless float16 gradients overflowed
+        scaler.update()
+        if scheduler is not None:
+            scheduler.step()  # a per-batch learning-rate schedule, such as warmup + cosine
+        ## Per sample, as the last batch may be short; detach() lets each batch's graph be freed.
+        total += loss.detach() * len(targets)
+        seen += len(targets)
+        if log is not None and batch % log_interval == 0:  # .item() waits for the GPU: rarely
+            interval = (total.item() - logged[0]) / (seen - logged[1])
+            log(f"Epoch {epoch} | Batch {batch}/{len(loader)} | Loss {interval:.4f}")
+            logged = (total.item(), seen)
+    if seen == 0:
+        raise ValueError("the training loader produced no batches: is the dataset empty?")
+    if not math.isfinite(average := total.item() / seen):
+        raise FloatingPointError(f"the training loss became {average} in epoch {epoch}: try a "
+                                 "10x lower learning rate or gradient clipping, and check the "
+                                 "inputs for NaN or inf. The weights are no longer usable.")
+    return average
+
+
+def evaluate(model: nn.Module, loader: Iterable, criterion: nn.Module,
+             device: torch.device | str, *, amp_dtype: torch.dtype | None = None,
+             ) -> tuple[float, float]:
+    """Return (average loss per sample, accuracy) of `model` on `loader`, without training it."""
+    device = torch.device(device)
+    ## eval() switches Dropout off and makes BatchNorm use its running statistics. inference_mode
+    ## (a stricter, faster no_grad) records no autograd graph: no memory is kept for a backward
+    ## pass that will never happen, and no .grad is touched.
+    model.eval()
+    total_loss, correct, seen = torch.zeros((), device=device), 0, 0
+    with torch.inference_mode(), torch.autocast(device.type, dtype=amp_dtype,
+                                                enabled=amp_dtype is not None):
+        for inputs, targets in loader:
+            inputs, targets = inputs.to(device), targets.to(device)
+            outputs = model(inputs)
+            total_loss += criterion(outputs, targets).float() * len(targets)
+            correct += (outputs.argmax(dim=1) == targets).sum()  # the largest logit is the guess
+            seen += len(targets)
+    if seen == 0:
+        raise ValueError("the evaluation loader produced no batches: is the dataset empty?")
+    return total_loss.item() / seen, int(correct) / seen
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoints
+## A checkpoint stores the state_dict (the weights, by layer name) and not the pickled model
+## object: it loads into the model class defined in code, survives refactoring of everything
+## else, and can be loaded with weights_only=True. It also stores what inference needs to rebuild
+## and feed the model: the architecture's name and the normalisation that training used.
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, damaged, unsafe to load, or made for another model."""
+
+
+def save_checkpoint(path: str | Path, model: nn.Module, *, model_name: str, mean: float,
+                    std: float, epoch: int, val_accuracy: float) -> None:
+    """Write the model and what is needed to rebuild and use it to `path`, atomically."""
+    ## Unwrap DistributedDataParallel (.module) and torch.compile (._orig_mod): their state_dict
+    ## keys carry a prefix that a plain model would not recognise.
+    model = getattr(model, "module", model)
+    model = getattr(model, "_orig_mod", model)
+    checkpoint = {"model_name": model_name, "state_dict": model.state_dict(), "mean": float(mean),
+                  "std": float(std), "epoch": int(epoch), "val_accuracy": float(val_accuracy)}
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)  # in memory first: a failed write then raises a plain OSError
+    write_atomically(path, buffer.getvalue())  # the old file stays whole if this fails
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """Read a checkpoint written by save_checkpoint, refusing anything that could run code."""
+    import pickle
+    import warnings
+
+    path = Path(path)
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise CheckpointError(f"checkpoint {path} {what}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): it was not saved completely")
+    try:
+        ## weights_only=True unpickles only tensors and plain containers. A pickle can otherwise
+        ## name any function to call while loading, so a downloaded .pt file could run code.
+        with warnings.catch_warnings():  # no "unusual pickle protocol" chatter for bad files
+            warnings.simplefilter("ignore", UserWarning)
+            checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "GLOBAL" in str(err):  # the pickle names a function or class to import and call
+            raise CheckpointError(
+                f"refused to load {path}: it contains Python objects, not just tensors and "
+                "numbers, and loading it could run code. Only a checkpoint saved with "
+                "save_checkpoint (a state_dict and plain values) is accepted.") from err
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint ({first_line(err)})") from err
+    except Exception as err:  # a damaged file can make the unpickler fail in many ways
+        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint, or it is truncated "
+                              f"({first_line(err)[:120]})") from err
+    needed = ("model_name", "state_dict", "mean", "std")
+    if not isinstance(checkpoint, dict) or not all(k in checkpoint for k in needed):
+        values = checkpoint.values() if isinstance(checkpoint, dict) else [None]
+        if all(isinstance(v, torch.Tensor) for v in values):
+            raise CheckpointError(f"{path} holds a bare state_dict. This repo's checkpoints also "
+                                  "record the model name and normalisation: save with "
+                                  "common.save_checkpoint (mnist_train.py does).")
+        raise CheckpointError(f"{path} is a PyTorch file but not a checkpoint from this repo "
+                              f"(it needs the keys {', '.join(needed)})")
+    return checkpoint
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
+    """Rebuild the checkpoint's model and load its weights; return (model, checkpoint)."""
+    checkpoint = load_checkpoint(path, map_location=device)
+    name = checkpoint["model_name"]
+    if name not in MODELS:
+        raise CheckpointError(f"{path} was saved for a model named {name!r}, which this code does "
+                              f"not define (known: {', '.join(MODELS)})")
+    model = build_model(name)
+    try:
+        model.load_state_dict(checkpoint["state_dict"])  # strict: every name and shape must match
+    except RuntimeError as err:
+        raise CheckpointError(
+            f"{path} does not fit the {name!r} model defined in common.py "
+            f"({first_line(err)[:150]}...). It was trained with a different architecture: "
+            "retrain it, or restore the model code it was trained with.") from err
+    return model.to(device).eval(), checkpoint
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (or its type's name), for one-line errors."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+# =============================================================================================
+# Plumbing: what the scripts share beyond the lesson. Nothing above depends on it, except
+# save_checkpoint on write_atomically.
+# =============================================================================================
+
+# ---------------------------------------------------------------------------------------------
+# MNIST files and in-memory batches
+
+
+class DataError(ValueError):
+    """Training data that cannot be used: missing or damaged MNIST files, labels out of range."""
+
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081  # mean and std of MNIST training pixels scaled to 0..1
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
@@ -195,10 +346,12 @@ def load_mnist(data_dir: str | Path, train: bool, download: bool = True,
         missing = [n for n in MNIST_FILES if not (raw / n).exists()]
         raise DataError(
             f"MNIST is not in {raw}/ (missing: {', '.join(missing)}) and downloading it failed: "
-            f"{_first_line(err)}. Run once with internet access, or copy the four files "
+            f"{first_line(err)}. Run once with internet access, or copy the four files "
             f"{', '.join(n + '.gz' for n in MNIST_FILES)} into {raw}/.") from err
     finally:
         socket.setdefaulttimeout(old_timeout)
+    labels_file = raw / ("train-labels-idx1-ubyte" if train else "t10k-labels-idx1-ubyte")
+    check_labels(dataset.targets, 10, where=str(labels_file))
     return dataset.data, dataset.targets
 
 
@@ -220,8 +373,18 @@ def _idx_problem(path: Path) -> str | None:
     return None
 
 
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+def check_labels(labels: torch.Tensor, num_classes: int, where: str = "the labels") -> None:
+    """Raise DataError unless every label is an integer class index in 0..num_classes-1."""
+    ## Check once, where the data is loaded, not on every batch. nn.CrossEntropyLoss needs class
+    ## indices 0..C-1: labels 1..10 fail on the CPU with "Target 10 is out of bounds", and on a
+    ## GPU with an unreadable "device-side assert" that names no sample.
+    bad = ((labels < 0) | (labels >= num_classes)).nonzero()
+    if len(bad):
+        i = int(bad[0])
+        raise DataError(f"label {int(labels[i])} at position {i} of {where} is outside "
+                        f"0..{num_classes - 1}. Class labels must be integers from 0 to "
+                        f"{num_classes - 1}: remap them (for example 1..10 -> 0..9), or give the "
+                        "model one output per class.")
 
 
 def normalize_images(images: torch.Tensor, mean: float, std: float,
@@ -234,28 +397,8 @@ def normalize_images(images: torch.Tensor, mean: float, std: float,
     return x.div_(255).sub_(mean).div_(std)
 
 
-def check_batch(inputs: torch.Tensor, targets: torch.Tensor, num_classes: int) -> None:
-    """Raise DataError if a label is outside 0..num_classes-1 or an input holds NaN or inf."""
-    ## CrossEntropyLoss needs labels 0, 1, ..., C-1. Labels like 1..10 crash on the CPU and give
-    ## an unreadable "device-side assert" on a GPU; NaN inputs silently turn the loss into NaN.
-    ## The quick tests (one min/max, one sum) run on every batch; the slow search for the
-    ## culprit runs only when they fail.
-    low, high = targets.aminmax()
-    if low < 0 or high >= num_classes:
-        i = int(((targets < 0) | (targets >= num_classes)).nonzero()[0])
-        raise DataError(f"label {int(targets[i])} at position {i} is outside 0..{num_classes - 1}. "
-                        f"Class labels must be integers from 0 to {num_classes - 1}: remap them "
-                        "(for example 1..10 -> 0..9), or give the model one output per class.")
-    if inputs.is_floating_point() and not inputs.sum().isfinite():  # NaN and inf spread to sums
-        bad = (~torch.isfinite(inputs.flatten(1))).any(1).nonzero()
-        if len(bad):  # (otherwise the sum merely overflowed)
-            raise DataError(f"input at position {int(bad[0])} contains NaN or inf. Clean or drop "
-                            "that sample (check how it was read and normalised: a division by a "
-                            "zero std?)")
-
-
 class TensorLoader:
-    """Shuffled mini-batches from tensors already in memory, used like a DataLoader."""
+    """Shuffled mini-batches cut from tensors already in memory, used like a DataLoader."""
 
     ## A DataLoader calls dataset[i] once per sample and collates the results: flexible (files on
     ## disk, random augmentation per sample) but it spends far more time than a small model needs.
@@ -275,7 +418,7 @@ class TensorLoader:
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
-        """Shuffle with seed + epoch, as DistributedSampler.set_epoch does."""
+        """Shuffle with seed + epoch next time, as DistributedSampler.set_epoch does."""
         self.epoch = epoch
 
     def _local_order(self) -> torch.Tensor:
@@ -299,219 +442,67 @@ class TensorLoader:
             local = len(range(self.rank, n, self.world_size))
         return math.ceil(local / self.batch_size)
 
-    def __iter__(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = self._local_order().to(self.inputs.device)  # one small copy per epoch
         self.epoch += 1  # if set_epoch() is never called, the next epoch still reshuffles
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
-            inputs = self.inputs[idx]
+            inputs = self.inputs.index_select(0, idx)  # faster than self.inputs[idx]
             if self.transform is not None:
                 inputs = self.transform(inputs)
-            yield inputs, self.targets[idx]
+            yield inputs, self.targets.index_select(0, idx)
 
 
 # ---------------------------------------------------------------------------------------------
-# the training loop
+# writing files safely
 
 
-def make_optimizer(name: str, params: Iterable, lr: float,
-                   device: str | torch.device) -> torch.optim.Optimizer:
-    """Return Adam or SGD (momentum 0.9), fused into one kernel on devices that support it."""
-    ## "Fused" updates all parameters in one kernel instead of several small operations per
-    ## weight tensor: the same arithmetic, much less overhead, which matters for small models.
-    fused = torch.device(device).type in ("cpu", "cuda", "mps", "xpu")
-    if name == "adam":  # adapts a step size per weight: the forgiving default
-        return torch.optim.Adam(params, lr=lr, fused=fused)
-    if name == "sgd":  # with momentum; often generalises a little better once lr is tuned
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, fused=fused)
-    raise ValueError(f"unknown optimizer {name!r}; choose adam or sgd")
+class OutputError(Exception):
+    """A result that cannot be written: a bad output path, a full disk, an I/O error."""
 
 
-def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
-                    optimizer: torch.optim.Optimizer, device: str | torch.device, *,
-                    epoch: int = 1, log_interval: int = 200, amp_dtype: torch.dtype | None = None,
-                    scaler: torch.amp.GradScaler | None = None, clip_grad: float | None = None,
-                    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-                    log: Callable[[str], None] | None = print) -> float:
-    """Train for one pass over `loader`; return the average loss per sample."""
-    device = torch.device(device)
-    model.train()  # Dropout and BatchNorm behave differently while training; evaluate() undoes this
-    num_batches = len(loader) if hasattr(loader, "__len__") else "?"
-    ## Losses are summed on the device. `total += loss` would keep every batch's autograd graph
-    ## alive (memory grows until it runs out); .detach() drops the graph. We read the number back
-    ## with .item() only every log_interval batches, because on a GPU each .item() makes the CPU
-    ## wait until the GPU has finished all queued work.
-    total_loss = torch.zeros((), device=device)
-    seen = logged_seen = 0
-    ## autocast runs matmuls and convolutions in bfloat16/float16 where that is safe and keeps
-    ## the rest, such as the loss, in float32. Built once, entered every batch.
-    autocast = (torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None
-                else contextlib.nullcontext())
-    logged_loss = 0.0
-    for batch, (inputs, targets) in enumerate(loader, start=1):
-        ## non_blocking lets a copy from pinned CPU memory overlap with GPU work already queued.
-        inputs = inputs.to(device, non_blocking=True)
-        targets = targets.to(device, non_blocking=True)
-        ## 1. Clear old gradients. backward() *adds* to .grad, so without this every step would
-        ##    also apply all previous batches' gradients. (set_to_none frees them, cheaper than 0.)
-        optimizer.zero_grad(set_to_none=True)
-        ## 2-3. Forward pass, then the loss: how far the outputs are from the targets.
-        with autocast:
-            outputs = model(inputs)
-            if targets.device.type == "cpu":  # free here; on a GPU it would stall every batch
-                check_batch(inputs, targets, outputs.shape[-1])
-            loss = criterion(outputs, targets)
-        ## 4. Backward pass: fill every parameter's .grad with d(loss)/d(parameter). A GradScaler
-        ##    (float16 only) multiplies the loss first so that small gradients do not round to 0.
-        if scaler is not None:
-            scaler.scale(loss).backward()
-        else:
-            loss.backward()
-        ## 5. Optional clipping: rescale all gradients if their joint norm exceeds clip_grad, so
-        ##    one bad batch cannot throw the weights far away. With a scaler, unscale first.
-        if clip_grad is not None:
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
-        ## 6. Update the weights with the gradients. Stepping before backward(), or zeroing
-        ##    between backward() and step(), raises no error: the model just never learns.
-        if scaler is not None:
-            scaler.step(optimizer)  # skips the step if the float16 gradients overflowed
-            scaler.update()
-        else:
-            optimizer.step()
-        if scheduler is not None:
-            scheduler.step()  # per-batch learning-rate schedule (e.g. warmup + cosine)
-        ## Weight by batch size: the last batch may be short, and the average is per sample.
-        total_loss.add_(loss.detach(), alpha=targets.size(0))
-        seen += targets.size(0)
-        if batch % log_interval == 0:
-            current = total_loss.item()
-            interval = (current - logged_loss) / (seen - logged_seen)
-            _check_finite(interval, epoch, batch)
-            if log is not None:
-                log(f"Epoch {epoch} | Batch {batch}/{num_batches} | Loss {interval:.4f}")
-            logged_loss, logged_seen = current, seen
-    if seen == 0:
-        raise DataError("the training loader produced no batches: is the dataset empty?")
-    average = total_loss.item() / seen
-    _check_finite(average, epoch, "the end")
-    return average
-
-
-def _check_finite(loss: float, epoch: int, where: int | str) -> None:
-    if not math.isfinite(loss):
-        raise NonFiniteLossError(
-            f"the loss became {loss} in epoch {epoch} (checked at batch {where}); training stopped "
-            "and the last saved checkpoint was left untouched. Try a 10x lower learning rate "
-            "(--lr), gradient clipping (--clip-grad 1.0), and check the inputs for NaN or inf.")
-
-
-def evaluate(model: nn.Module, loader: Iterable, criterion: nn.Module,
-             device: str | torch.device, *, amp_dtype: torch.dtype | None = None,
-             ) -> tuple[float, float]:
-    """Return (average loss per sample, accuracy) of `model` on `loader`, without training it."""
-    device = torch.device(device)
-    ## eval() switches Dropout off and makes BatchNorm use its running statistics. inference_mode
-    ## (a stricter, faster no_grad) records no autograd graph: no memory is kept for a backward
-    ## pass that will never happen, and no .grad is touched.
-    model.eval()
-    total_loss = torch.zeros((), device=device)
-    correct = torch.zeros((), dtype=torch.long, device=device)
-    seen = 0
-    with torch.inference_mode(), torch.autocast(device.type, dtype=amp_dtype,
-                                                enabled=amp_dtype is not None):
-        for inputs, targets in loader:
-            inputs = inputs.to(device, non_blocking=True)
-            targets = targets.to(device, non_blocking=True)
-            outputs = model(inputs)
-            if targets.device.type == "cpu":
-                check_batch(inputs, targets, outputs.shape[-1])
-            total_loss += criterion(outputs, targets).float() * targets.size(0)
-            correct += (outputs.argmax(dim=1) == targets).sum()  # index of the largest logit
-            seen += targets.size(0)
-    if seen == 0:
-        raise DataError("the evaluation loader produced no batches: is the dataset empty?")
-    return total_loss.item() / seen, correct.item() / seen
-
-
-# ---------------------------------------------------------------------------------------------
-# checkpoints
-## A checkpoint stores the state_dict (the weights, by layer name) and not the pickled model
-## object: it loads into the model class defined in code, survives refactoring of everything
-## else, and can be loaded with weights_only=True. It also stores what inference needs to rebuild
-## and feed the model: the architecture's name and the normalisation that training used.
-
-
-def save_checkpoint(path: str | Path, model: nn.Module, *, model_name: str, mean: float,
-                    std: float, epoch: int, val_accuracy: float) -> None:
-    """Write the model and what is needed to rebuild and use it to `path`, atomically."""
-    ## Unwrap DistributedDataParallel (.module) and torch.compile (._orig_mod): their state_dict
-    ## keys carry a prefix that a plain model would not recognise.
-    model = getattr(model, "module", model)
-    model = getattr(model, "_orig_mod", model)
-    checkpoint = {"model_name": model_name, "state_dict": model.state_dict(), "mean": float(mean),
-                  "std": float(std), "epoch": int(epoch), "val_accuracy": float(val_accuracy)}
-    buffer = io.BytesIO()
-    torch.save(checkpoint, buffer)  # in memory first: a failed write then raises a plain OSError
-    write_atomically(path, buffer.getvalue())
-
-
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Read a checkpoint written by save_checkpoint, refusing anything that could run code."""
-    import pickle
-    import warnings
-
-    path = Path(path)
-    if not path.is_file():
-        what = "is a directory" if path.is_dir() else "does not exist"
-        raise CheckpointError(f"checkpoint {path} {what}")
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): it was not saved completely")
+def output_file_problem(path: str | Path) -> str | None:
+    """Say why `path` must not be replaced by a regular file, or return None if it may."""
     try:
-        ## weights_only=True unpickles only tensors and plain containers. A pickle can otherwise
-        ## name any function to call while loading, so a downloaded .pt file could run code.
-        with warnings.catch_warnings():  # no "unusual pickle protocol" chatter for bad files
-            warnings.simplefilter("ignore", UserWarning)
-            checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        if "GLOBAL" in str(err):  # the pickle names a function or class to import and call
-            raise CheckpointError(
-                f"refused to load {path}: it contains Python objects, not just tensors and "
-                "numbers, and loading it could run code. Only a checkpoint saved with "
-                "save_checkpoint (a state_dict and plain values) is accepted.") from err
-        raise CheckpointError(f"{path} is not a PyTorch checkpoint ({_first_line(err)})") from err
-    except Exception as err:  # a damaged file can make the unpickler fail in many ways
-        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint, or it is truncated "
-                              f"({_first_line(err)[:120]})") from err
-    needed = ("model_name", "state_dict", "mean", "std")
-    if not isinstance(checkpoint, dict) or not all(k in checkpoint for k in needed):
-        values = checkpoint.values() if isinstance(checkpoint, dict) else [None]
-        if all(isinstance(v, torch.Tensor) for v in values):
-            raise CheckpointError(f"{path} holds a bare state_dict. This repo's checkpoints also "
-                                  "record the model name and normalisation: save with "
-                                  "common.save_checkpoint (mnist_train.py does).")
-        raise CheckpointError(f"{path} is a PyTorch file but not a checkpoint from this repo "
-                              f"(it needs the keys {', '.join(needed)})")
-    return checkpoint
+        mode = os.stat(path).st_mode  # follows symlinks: a link to a device is a device
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"cannot be inspected ({err.strerror})"
+    if stat.S_ISDIR(mode):
+        return "is a directory; give a file name inside it"
+    if not stat.S_ISREG(mode):
+        kind = ("a character device" if stat.S_ISCHR(mode) else "a block device"
+                if stat.S_ISBLK(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        return f"is {kind}, not a regular file, and will not be replaced"
+    return None
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
-    """Rebuild the checkpoint's model and load its weights; return (model, checkpoint)."""
-    checkpoint = load_checkpoint(path, map_location=device)
-    name = checkpoint["model_name"]
-    if name not in MODELS:
-        raise CheckpointError(f"{path} was saved for a model named {name!r}, which this code does "
-                              f"not define (known: {', '.join(MODELS)})")
-    model = build_model(name)
+def write_atomically(path: str | Path, data: bytes) -> None:
+    """Replace the regular file `path` by `data`, all or nothing; raise OutputError on failure."""
+    ## Write a temporary file in the target's own folder, flush it to disk, then rename it over
+    ## the target. os.replace is atomic: a crash, Ctrl-C or full disk at any moment leaves the
+    ## old file or the new one, never half of one, and the temporary file is always removed.
+    path = Path(os.path.realpath(path))  # through a symlink: replace the file it points to
+    ## The name is chosen before the file exists, so that the `finally` below can remove it
+    ## whenever an interruption comes, even in the middle of creating it.
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     try:
-        model.load_state_dict(checkpoint["state_dict"])  # strict: every name and shape must match
-    except RuntimeError as err:
-        raise CheckpointError(
-            f"{path} does not fit the {name!r} model defined in common.py "
-            f"({_first_line(err)[:150]}...). It was trained with a different architecture: "
-            "retrain it, or restore the model code it was trained with.") from err
-    return model.to(device).eval(), checkpoint
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "xb") as f:  # "x": a new file, never one that exists
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them visible
+        ## Checked again right before the rename, because the path may have changed during a
+        ## long run: os.replace over /dev/null would turn the device into a regular file.
+        if problem := output_file_problem(path):
+            raise OutputError(f"{path} {problem}")
+        os.replace(tmp, path)
+    except OSError as err:
+        raise OutputError(f"could not write {path}: {err.strerror or err}") from err
+    finally:
+        tmp.unlink(missing_ok=True)  # gone already after a successful os.replace
 
 
 # ---------------------------------------------------------------------------------------------
@@ -552,8 +543,6 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
 
     if not dist.is_initialized():
         return values
-    ## Each rank measured loss and accuracy on its own shard; summing the totals (not averaging
-    ## the averages) gives exactly the numbers for the whole dataset.
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor.tolist()
@@ -567,56 +556,3 @@ def cleanup_distributed() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-# ---------------------------------------------------------------------------------------------
-# writing files safely
-
-
-class OutputError(Exception):
-    """A result that cannot be written: a bad output path, a full disk, an I/O error."""
-
-
-def output_file_problem(path: str | Path) -> str | None:
-    """Say why `path` must not be replaced by a regular file, or return None if it may."""
-    try:
-        mode = os.stat(path).st_mode  # follows symlinks: a link to a device is a device
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        return f"cannot be inspected ({err.strerror})"
-    if stat.S_ISDIR(mode):
-        return "is a directory; give a file name inside it"
-    if not stat.S_ISREG(mode):
-        kind = ("a character device" if stat.S_ISCHR(mode) else "a block device"
-                if stat.S_ISBLK(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
-                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-        return f"is {kind}, not a regular file, and will not be replaced"
-    return None
-
-
-def write_atomically(path: str | Path, data: bytes) -> None:
-    """Replace the regular file `path` by `data`, all or nothing; raise OutputError on failure."""
-    ## Write a temporary file in the target's own folder, flush it to disk, then rename it over
-    ## the target. os.replace is atomic: a crash, Ctrl-C or full disk at any moment leaves the
-    ## old file or the new one, never half of one, and the temporary file is always removed.
-    path = Path(os.path.realpath(path))  # through a symlink: replace the file it points to
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them visible
-        ## Checked again right before the rename, because the path may have changed during a
-        ## long run: os.replace over /dev/null would turn the device into a regular file.
-        if problem := output_file_problem(path):
-            raise OutputError(f"{path} {problem}")
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as err:
-        raise OutputError(f"could not write {path}: {err.strerror or err}") from err
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)

@@ -110,8 +110,7 @@ def main() -> None:
     ## Shuffle the training data only: a new order each epoch stops the model from learning the
     ## order; validation order does not matter, and a fixed one makes runs easier to compare.
     train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True,
-                              generator=generator, num_workers=args.num_workers,
-                              worker_init_fn=common.seed_worker)
+                              generator=generator, num_workers=args.num_workers)
     val_loader = DataLoader(val_set, batch_size=256, num_workers=args.num_workers)
 
     model = SimpleClassifier(args.input_dim, args.hidden_dim, args.num_classes).to(device)

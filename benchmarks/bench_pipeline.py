@@ -7,7 +7,7 @@
 All three train the same model with Adam (lr 1e-3), batch 64 and seed 42 on the 60,000 training
 images, and their epochs are interleaved (a1 b1 c1 a2 b2 c2 ...) so that a slow moment of a
 shared machine hits all of them alike:
-  (a) classic    benchmarks/seed_style_mnist.py: PIL -> ToTensor -> Normalize per sample in a
+  (a) classic    benchmarks/classic_mnist.py: PIL -> ToTensor -> Normalize per sample in a
                  DataLoader, plain Adam
   (b) this repo  images decoded and normalised once (common.normalize_images), batches indexed
                  from memory (common.TensorLoader), common.train_one_epoch, fused Adam
@@ -15,7 +15,7 @@ shared machine hits all of them alike:
                  in order: what training costs with no data pipeline at all
 Ratios use each pipeline's fastest epoch (the least disturbed by other work on the machine).
 
---end-to-end instead runs seed_style_mnist.py and mnist_train.py (5 epochs each) as separate
+--end-to-end instead runs classic_mnist.py and mnist_train.py (5 epochs each) as separate
 processes and reports wall time from process start to exit, peak memory and test accuracy.
 """
 
@@ -32,7 +32,7 @@ from torch import nn
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from seed_style_mnist import classic_loaders, classic_test, classic_train_epoch
+from classic_mnist import classic_loaders, classic_test, classic_train_epoch
 
 import common
 
@@ -66,7 +66,7 @@ def per_epoch(args, device):
 
     torch.manual_seed(42)
     model_b = common.build_model(args.model).to(device)
-    opt_b = common.make_optimizer("adam", model_b.parameters(), 1e-3, device)
+    opt_b = torch.optim.Adam(model_b.parameters(), lr=1e-3, fused=True)
     mean, std = common.MNIST_MEAN, common.MNIST_STD
     train_b = common.TensorLoader(common.normalize_images(images, mean, std, device),
                                   labels.to(device), 64, shuffle=True, seed=42)
@@ -75,7 +75,7 @@ def per_epoch(args, device):
 
     torch.manual_seed(42)
     model_c = common.build_model(args.model).to(device)
-    opt_c = common.make_optimizer("adam", model_c.parameters(), 1e-3, device)
+    opt_c = torch.optim.Adam(model_c.parameters(), lr=1e-3, fused=True)
     x_c = torch.randn(len(labels), 1, 28, 28, device=device)
     y_c = torch.randint(0, 10, (len(labels),), device=device)
 
@@ -121,7 +121,7 @@ def run_script(cmd):
 def end_to_end(args):
     with tempfile.TemporaryDirectory() as tmp:
         runs = {
-            "seed_style_mnist.py": [sys.executable, "benchmarks/seed_style_mnist.py",
+            "classic_mnist.py": [sys.executable, "benchmarks/classic_mnist.py",
                                     "--data-dir", args.data_dir, "--epochs", "5",
                                     "--model", args.model],
             "mnist_train.py": [sys.executable, "mnist_train.py", "--data-dir", args.data_dir,

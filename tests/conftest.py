@@ -84,12 +84,3 @@ def trained_checkpoint(tiny_mnist, tmp_path_factory) -> Path:
             "--epochs", "25", "--lr", "2e-3", "--log-interval", "1000"]
     assert mnist_train.main(args) == 0
     return path
-
-
-def digit_picture(digit: int, size=(300, 220), ink=(25, 35, 110), paper=(238, 232, 220),
-                  font_size=150, centre=(150, 110)) -> Image.Image:
-    """A photo-like picture: a dark digit on light paper, not centred, much bigger than 28x28."""
-    img = Image.new("RGB", size, paper)
-    font = ImageFont.load_default(size=font_size)
-    ImageDraw.Draw(img).text(centre, str(digit), fill=ink, font=font, anchor="mm")
-    return img

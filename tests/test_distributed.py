@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import digit_picture
-from test_mnist_train import read_csv
+from helpers import digit_picture, read_csv
 
 import common
 import mnist_train

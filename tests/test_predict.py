@@ -4,7 +4,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import digit_picture
+from helpers import digit_picture
 from PIL import Image
 
 import predict

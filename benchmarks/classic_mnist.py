@@ -1,6 +1,6 @@
-"""The classic MNIST script, written the way most tutorials (and this repo's seed article) do.
+"""The classic MNIST script, written the way most tutorials do.
 
-    python benchmarks/seed_style_mnist.py --data-dir ../shared/data --epochs 5
+    python benchmarks/classic_mnist.py --data-dir ../shared/data --epochs 5
 
 It is here only as the baseline for benchmarks/bench_pipeline.py: every sample goes through
 PIL -> ToTensor -> Normalize inside a DataLoader, on every epoch. That is the right tool for
