@@ -33,7 +33,73 @@ class ImageProblem(Exception):
     """A picture that cannot be classified; reported for that file, then the next one is tried."""
 
 
-# 1. reading a picture ------------------------------------------------------------------------
+# classifying: the main path ------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("images", nargs="+", type=Path, help="image files (PNG, JPEG, ...)")
+    parser.add_argument("--checkpoint", type=Path, default=Path("checkpoints/mnist_mlp.pt"),
+                        help="a checkpoint written by mnist_train.py")
+    parser.add_argument("--top-k", type=int, default=1, help="also show the next K-1 guesses")
+    parser.add_argument("--json", action="store_true", help="print a JSON list instead")
+    parser.add_argument("--save-input", type=Path, metavar="DIR", default=None,
+                        help="save the 28x28 image the model saw for each input into DIR")
+    parser.add_argument("--device", default="cpu", help="cpu is plenty for a few images")
+    args = parser.parse_args(argv)
+    if not 1 <= args.top_k <= 10:
+        parser.error("--top-k must be between 1 and 10")
+    try:
+        device = common.get_device(args.device)
+    except ValueError as err:
+        parser.error(str(err))
+    try:
+        model, checkpoint = common.load_model(args.checkpoint, device)
+    except common.CheckpointError as err:
+        hint = " Train one first: python mnist_train.py" if not args.checkpoint.exists() else ""
+        print(f"error: {err}.{hint}", file=sys.stderr)
+        return 1
+
+    results, failed = [], 0
+    for path in args.images:
+        try:
+            digit = preprocess(load_gray(path))  # any picture -> a 28x28 MNIST-style digit
+        except ImageProblem as err:
+            print(f"{path}: error: {err}", file=sys.stderr)
+            failed += 1
+            continue
+        if digit.max() == 0:
+            print(f"{path}: warning: no digit found (blank or uniform image); the guess below "
+                  "means nothing", file=sys.stderr)
+        if args.save_input is not None:
+            args.save_input.mkdir(parents=True, exist_ok=True)
+            pixels = (digit * 255).round().to(torch.uint8)
+            Image.frombytes("L", (28, 28), bytes(pixels.flatten().tolist())).save(
+                args.save_input / f"{path.stem}.png")
+        probs = classify(model, digit, checkpoint["mean"], checkpoint["std"], device)
+        results.append((path, probs))
+        if not args.json:
+            top = probs.topk(args.top_k)
+            guesses = ", ".join(f"{int(i)} ({p:.1%})" for p, i in zip(top.values, top.indices))
+            print(f"{path}: {guesses}")
+    if args.json:
+        print(json.dumps([{"path": str(p), "prediction": int(pr.argmax()),
+                           "probabilities": [round(float(v), 6) for v in pr]}
+                          for p, pr in results], indent=2))
+    return 1 if failed else 0
+
+
+def classify(model: torch.nn.Module, digit: torch.Tensor, mean: float, std: float,
+             device: torch.device) -> torch.Tensor:
+    """The model's probability for each digit 0..9, given one 28 x 28 image (0..1)."""
+    ## Normalise exactly as in training (the checkpoint records the mean and std it used), add
+    ## the batch and channel dimensions the model expects, and run it without autograd.
+    inputs = ((digit - mean) / std)[None, None].to(device)
+    with torch.inference_mode():
+        logits = model(inputs)
+    return torch.softmax(logits, dim=1)[0].float().cpu()  # scores -> probabilities summing to 1
+
+
+# reading a picture ------------------------------------------------------------------------
 def load_gray(path: Path) -> torch.Tensor:
     """Read any picture as a float tensor H x W in 0..1 (0 = black), upright, alpha on white."""
     if not path.exists():
@@ -70,7 +136,7 @@ def load_gray(path: Path) -> torch.Tensor:
     return x.float() / 255
 
 
-# 2. turning it into an MNIST digit ---------------------------------------------------------------
+# turning it into an MNIST digit ---------------------------------------------------------------
 ## Each step below exists for a kind of picture people really send; the comment says which.
 
 
@@ -316,64 +382,6 @@ def centre_by_mass(digit: torch.Tensor, size: int) -> torch.Tensor:
     out = torch.zeros(size, size)
     out[top : top + h, left : left + w] = digit
     return out
-
-
-# 3. classifying ------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("images", nargs="+", type=Path, help="image files (PNG, JPEG, ...)")
-    parser.add_argument("--checkpoint", type=Path, default=Path("checkpoints/mnist_mlp.pt"),
-                        help="a checkpoint written by mnist_train.py")
-    parser.add_argument("--top-k", type=int, default=1, help="also show the next K-1 guesses")
-    parser.add_argument("--json", action="store_true", help="print a JSON list instead")
-    parser.add_argument("--save-input", type=Path, metavar="DIR", default=None,
-                        help="save the 28x28 image the model saw for each input into DIR")
-    parser.add_argument("--device", default="cpu", help="cpu is plenty for a few images")
-    args = parser.parse_args(argv)
-    if not 1 <= args.top_k <= 10:
-        parser.error("--top-k must be between 1 and 10")
-    try:
-        device = common.get_device(args.device)
-    except ValueError as err:
-        parser.error(str(err))
-    try:
-        model, checkpoint = common.load_model(args.checkpoint, device)
-    except common.CheckpointError as err:
-        hint = " Train one first: python mnist_train.py" if not args.checkpoint.exists() else ""
-        print(f"error: {err}.{hint}", file=sys.stderr)
-        return 1
-
-    results, failed = [], 0
-    for path in args.images:
-        try:
-            digit = preprocess(load_gray(path))
-        except ImageProblem as err:
-            print(f"{path}: error: {err}", file=sys.stderr)
-            failed += 1
-            continue
-        if digit.max() == 0:
-            print(f"{path}: warning: no digit found (blank or uniform image); the guess below "
-                  "means nothing", file=sys.stderr)
-        if args.save_input is not None:
-            args.save_input.mkdir(parents=True, exist_ok=True)
-            pixels = (digit * 255).round().to(torch.uint8)
-            Image.frombytes("L", (28, 28), bytes(pixels.flatten().tolist())).save(
-                args.save_input / f"{path.stem}.png")
-        ## Normalise exactly as in training, add a batch dimension, and run without autograd.
-        inputs = ((digit - checkpoint["mean"]) / checkpoint["std"])[None, None].to(device)
-        with torch.inference_mode():
-            probs = torch.softmax(model(inputs), dim=1)[0].float().cpu()
-        results.append((path, probs))
-        if not args.json:
-            top = probs.topk(args.top_k)
-            guesses = ", ".join(f"{int(i)} ({p:.1%})" for p, i in zip(top.values, top.indices))
-            print(f"{path}: {guesses}")
-    if args.json:
-        print(json.dumps([{"path": str(p), "prediction": int(pr.argmax()),
-                           "probabilities": [round(float(v), 6) for v in pr]}
-                          for p, pr in results], indent=2))
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":
