@@ -35,8 +35,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from PIL import Image, ImageDraw, ImageFont
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
+from torchvision.transforms.v2.functional import pil_to_tensor
+from torchvision.utils import make_grid, save_image
 
 import common
 
@@ -111,6 +114,7 @@ def train(args: argparse.Namespace) -> None:
     splits = choose_splits(args, len(labels), len(test_labels), world)  # (train, val, test)
     train_loader, val_loader, test_loader = make_loaders(
         args, images, labels, test_images, test_labels, splits, device, rank, world)
+    del images  # the loaders hold what they need (test_images stay for the mistakes picture)
 
     # 2. model ---------------------------------------------------------------------------------
     model = common.build_model(args.model).to(device)  # PyTorch's default init suits ReLU layers
@@ -164,7 +168,8 @@ def train(args: argparse.Namespace) -> None:
 
     # 6. final test ----------------------------------------------------------------------------
     ## The best model, reloaded from disk (which also proves the checkpoint loads), on test
-    ## images that played no part in choosing it. Rank 0 tests on the whole test set.
+    ## images that played no part in choosing it. Rank 0 tests on the whole test set. Beyond
+    ## one number: which digits it confuses, and a picture of its mistakes.
     if main_process:
         best_model, _ = common.load_model(save_path, device)
         guesses, truth = predict_all(best_model, test_loader, device, amp_dtype)
@@ -172,6 +177,9 @@ def train(args: argparse.Namespace) -> None:
         print(f"best epoch {best_epoch} (val acc {best_acc:.4f}) saved to {save_path}; "
               f"metrics in {csv_path}")
         print(f"Test Accuracy: {correct / len(truth):.4f} ({correct}/{len(truth)})")
+        print(format_confusion_matrix(confusion_matrix(guesses, truth)))
+        report_mistakes(mistakes_path(save_path), test_images[splits[2]], guesses, truth,
+                        args.dry_run)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,6 +430,65 @@ def predict_all(model: nn.Module, loader, device: torch.device,
             guesses.append(model(inputs.to(device)).argmax(dim=1).cpu())
             truth.append(targets.cpu())
     return torch.cat(guesses), torch.cat(truth)
+
+
+def confusion_matrix(guesses: torch.Tensor, truth: torch.Tensor, classes: int = 10) -> torch.Tensor:
+    """counts[t, g]: how many images of class t the model called g (rows: the true class)."""
+    return torch.bincount(truth * classes + guesses, minlength=classes**2).view(classes, classes)
+
+
+def format_confusion_matrix(counts: torch.Tensor) -> str:
+    """The matrix as a table, with each digit's accuracy and the most frequent confusions."""
+    classes = len(counts)
+    lines = ["confusion matrix of the best model on the test set (rows: true digit, columns: "
+             "predicted digit)",
+             "true |" + "".join(f"{g:>6}" for g in range(classes)) + " | correct"]
+    for t in range(classes):
+        accuracy = counts[t, t] / counts[t].sum().clamp(min=1)
+        lines.append(f"{t:>4} |" + "".join(f"{int(c):>6}" for c in counts[t])
+                     + f" | {accuracy:7.1%}")
+    off_diagonal = counts * (1 - torch.eye(classes, dtype=counts.dtype))
+    top = off_diagonal.flatten().topk(3)
+    pairs = [f"{int(i) // classes} as {int(i) % classes} ({int(n)}x)"
+             for n, i in zip(top.values, top.indices) if n > 0]
+    lines.append("most frequent mistakes: " + (", ".join(pairs) or "none"))
+    return "\n".join(lines)
+
+
+def mistakes_path(save_path: Path) -> Path:
+    """checkpoints/mnist_mlp.pt -> checkpoints/mnist_mlp_mistakes.png"""
+    return save_path.with_name(f"{save_path.stem}_mistakes.png")
+
+
+def report_mistakes(path: Path, images: torch.Tensor, guesses: torch.Tensor,
+                    truth: torch.Tensor, dry_run: bool, limit: int = 64) -> None:
+    """Save a labelled grid of the first `limit` misclassified images, and say where."""
+    wrong = (guesses != truth).nonzero().flatten()
+    if dry_run:
+        print("mistakes picture: not written in a dry run")
+    elif len(wrong) == 0:
+        print("no mistakes on the test set, so no mistakes picture")
+    else:
+        first = wrong[:limit]  # in test-set order, so the picture is the same every run
+        tiles = [labelled_tile(images[i], int(truth[i]), int(guesses[i])) for i in first]
+        write_png(path, make_grid(torch.stack(tiles), nrow=8, padding=3, pad_value=0.5))
+        print(f"the first {len(first)} of {len(wrong)} mistakes, as pictures: {path}")
+
+
+def labelled_tile(image: torch.Tensor, true: int, guess: int, scale: int = 4) -> torch.Tensor:
+    """A uint8 28 x 28 digit, enlarged, above a caption such as "true 4, guess 9"."""
+    digit = F.interpolate(image[None, None].float() / 255, scale_factor=scale)[0]  # 1 x H x W
+    caption = Image.new("L", (digit.shape[2], 24))
+    ImageDraw.Draw(caption).text((caption.width / 2, 12), f"true {true}, guess {guess}",
+                                 fill=255, anchor="mm", font=ImageFont.load_default(size=16))
+    return torch.cat([digit, pil_to_tensor(caption).float() / 255], dim=1)
+
+
+def write_png(path: Path, image: torch.Tensor) -> None:
+    """Encode a C x H x W image (0..1) as PNG and write it atomically, like the checkpoint."""
+    buffer = io.BytesIO()
+    save_image(image, buffer, format="png")
+    common.write_atomically(path, buffer.getvalue())
 
 
 # ---------------------------------------------------------------------------------------------

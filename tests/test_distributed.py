@@ -32,6 +32,13 @@ def test_only_rank_0_prints_and_its_checkpoint_loads_like_a_plain_one(two_proces
                                                                       capsys):
     out, save_path = two_process_run
     assert out.count("Test Accuracy: ") == 1 and out.count("initial loss") == 1
+    ## rank 0 tests on the whole test set: 200 images, in the accuracy and in the matrix
+    assert "/200)" in out.split("Test Accuracy: ")[1].splitlines()[0]
+    assert out.count("confusion matrix") == 1
+    counts = [line.split("|")[1].split() for line in
+              out[out.index("confusion matrix"):].splitlines()[2:12]]
+    assert sum(int(c) for row in counts for c in row) == 200
+    assert save_path.with_name("ddp_mistakes.png").exists()
     state = common.load_checkpoint(save_path)["state_dict"]
     assert not any(key.startswith("module.") for key in state)
     digit_picture(4).save(tmp_path / "four.png")

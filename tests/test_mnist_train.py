@@ -1,3 +1,4 @@
+import math
 import os
 import signal
 import subprocess
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import read_csv
+from PIL import Image
 
 import common
 import mnist_train
@@ -44,14 +46,73 @@ def test_trains_end_to_end_and_keeps_the_best_validation_epoch(tiny_mnist, tmp_p
     correct = (model(x).argmax(1) == labels).sum().item()
     assert f"Test Accuracy: {correct / 200:.4f} ({correct}/200)" in out
     assert correct / 200 > 0.5  # the tiny digits are learnable
+    ## after it, the confusion matrix of the same model on the same images
+    counts = printed_confusion_matrix(out)
+    assert counts.sum() == 200 and counts.trace() == correct
+    assert counts.sum(1).tolist() == torch.bincount(labels, minlength=10).tolist()  # rows: truth
+    assert out.index("Test Accuracy") < out.index("confusion matrix")
+    ## and a picture of the first mistakes next to the checkpoint
+    picture = save_path.with_name("best_mistakes.png")
+    assert f"the first {min(64, 200 - correct)} of {200 - correct} mistakes, as pictures: " \
+           f"{picture}" in out
+    with Image.open(picture) as img:
+        img.verify()  # a complete, valid PNG
+    rows_of_tiles = math.ceil(min(64, 200 - correct) / 8)
+    assert Image.open(picture).size[1] == rows_of_tiles * (112 + 24 + 3) + 3  # 112-px digits
+    assert sorted(p.name for p in save_path.parent.iterdir()) == [
+        "best.csv", "best.pt", "best_mistakes.png"]
 
 
-def test_dry_run_runs_one_batch_of_each_phase(tiny_mnist, tmp_path, capsys):
+def printed_confusion_matrix(out: str) -> torch.Tensor:
+    """The 10 x 10 counts of the table that follows the "confusion matrix" heading."""
+    lines = out[out.index("confusion matrix"):].splitlines()[2:12]
+    return torch.tensor([[int(v) for v in line.split("|")[1].split()] for line in lines])
+
+
+def test_dry_run_runs_one_batch_of_each_phase_and_writes_no_picture(tiny_mnist, tmp_path,
+                                                                   capsys):
     assert train(tiny_mnist, tmp_path / "m.pt", "--dry-run", "--epochs", "9",
                  "--test-batch-size", "50") == 0
     out = capsys.readouterr().out
     assert "64 train / 50 val / 50 test images" in out
     assert "epoch 1/1 |" in out and "(50)" not in out and "/50)" in out
+    assert printed_confusion_matrix(out).sum() == 50
+    assert "mistakes picture: not written in a dry run" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv", "m.pt"]
+
+
+def test_the_confusion_matrix_has_a_row_per_true_digit():
+    truth = torch.tensor([0, 0, 1, 2, 2, 2])
+    guesses = torch.tensor([0, 1, 1, 0, 2, 2])  # one 0 taken for a 1, one 2 taken for a 0
+    counts = mnist_train.confusion_matrix(guesses, truth, classes=3)
+    assert counts.tolist() == [[1, 1, 0], [0, 1, 0], [1, 0, 2]]
+    table = mnist_train.format_confusion_matrix(counts)
+    assert "rows: true digit" in table.splitlines()[0]
+    assert table.splitlines()[2].split() == ["0", "|", "1", "1", "0", "|", "50.0%"]
+    assert table.splitlines()[4].split()[-1] == "66.7%"
+    assert table.endswith("most frequent mistakes: 0 as 1 (1x), 2 as 0 (1x)")
+
+
+def test_the_mistakes_picture_shows_the_first_64_in_order_and_none_without_mistakes(tmp_path,
+                                                                                   capsys):
+    images = torch.zeros(100, 28, 28, dtype=torch.uint8)
+    images[:, 4:24, 4:24] = torch.arange(100, dtype=torch.uint8)[:, None, None] + 1  # tell apart
+    truth = torch.zeros(100, dtype=torch.long)
+    guesses = torch.ones(100, dtype=torch.long)  # all 100 wrong
+    path = tmp_path / "m_mistakes.png"
+    mnist_train.report_mistakes(path, images, guesses, truth, dry_run=False)
+    assert "the first 64 of 100 mistakes" in capsys.readouterr().out
+    img = torch.frombuffer(bytearray(Image.open(path).convert("L").tobytes()), dtype=torch.uint8)
+    img = img.view(Image.open(path).height, Image.open(path).width)
+    ## tile k sits in row k // 8, column k % 8; its digit shows image k's value
+    step_x, step_y = 112 + 3, 112 + 24 + 3
+    for k in (0, 9, 63):
+        y, x = 3 + (k // 8) * step_y + 56, 3 + (k % 8) * step_x + 56
+        assert abs(int(img[y, x]) - (k + 1)) <= 1, k
+    assert Image.open(path).size == (8 * step_x + 3, 8 * step_y + 3)
+    path.unlink()
+    mnist_train.report_mistakes(path, images, truth, truth, dry_run=False)
+    assert "no mistakes on the test set" in capsys.readouterr().out and not path.exists()
 
 
 def test_a_small_subset_can_be_overfitted(tiny_mnist, tmp_path):
