@@ -25,6 +25,7 @@ import os
 import random
 import secrets
 import stat
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -465,7 +466,7 @@ def output_file_problem(path: str | Path) -> str | None:
     """Say why `path` must not be replaced by a regular file, or return None if it may."""
     try:
         mode = os.stat(path).st_mode  # follows symlinks: a link to a device is a device
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there yet
         return None
     except OSError as err:
         return f"cannot be inspected ({err.strerror})"
@@ -476,6 +477,32 @@ def output_file_problem(path: str | Path) -> str | None:
                 if stat.S_ISBLK(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
                 else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
         return f"is {kind}, not a regular file, and will not be replaced"
+    return None
+
+
+def check_output_file(path: str | Path) -> str | None:
+    """Say why a file cannot be written at `path`, or return None; creates its folder."""
+    ## Run before any long work, so that a bad path costs the user nothing.
+    if problem := output_file_problem(path):
+        return problem
+    return check_output_dir(Path(os.path.realpath(path)).parent)
+
+
+def check_output_dir(folder: str | Path) -> str | None:
+    """Say why files cannot be written in `folder`, or return None; creates the folder."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        return f"{folder} exists and is not a folder"
+    except OSError as err:
+        return f"cannot create the folder {folder}: {err.strerror}"
+    try:  # permissions, a read-only disk, a quota: only trying to write tells for sure
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        return f"cannot write files in {folder}: {err.strerror}"
     return None
 
 
@@ -500,7 +527,8 @@ def write_atomically(path: str | Path, data: bytes) -> None:
             raise OutputError(f"{path} {problem}")
         os.replace(tmp, path)
     except OSError as err:
-        raise OutputError(f"could not write {path}: {err.strerror or err}") from err
+        raise OutputError(f"could not write {path}: {err.strerror or err}. The previous version "
+                          "of that file, if there was one, is unchanged.") from err
     finally:
         tmp.unlink(missing_ok=True)  # gone already after a successful os.replace
 

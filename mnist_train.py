@@ -25,6 +25,7 @@ CSV and TensorBoard logs, Ctrl-C); the lesson reads without them.
 import argparse
 import contextlib
 import csv
+import importlib.util
 import io
 import math
 import os
@@ -105,6 +106,8 @@ def train(args: argparse.Namespace) -> None:
     amp_dtype = amp_dtype_for(args.amp, device)  # None: plain float32
     save_path = checkpoint_path(args)
     csv_path = save_path.with_suffix(".csv")
+    if main_process:
+        check_outputs(save_path, csv_path, args.tensorboard, args.dry_run)  # before any work
 
     # 1. data ----------------------------------------------------------------------------------
     ## 60,000 training digits, of which --val-size are held out to pick the best epoch, and
@@ -223,6 +226,31 @@ def checkpoint_path(args: argparse.Namespace) -> Path:
     """--save-path, or a default name; a dry run never replaces a real checkpoint."""
     default_name = f"{'dry_run' if args.dry_run else 'mnist'}_{args.model}.pt"
     return args.save_path or Path("checkpoints") / default_name
+
+
+def check_outputs(save_path: Path, csv_path: Path, tensorboard: str | None,
+                  dry_run: bool) -> None:
+    """Refuse, before any data is loaded, output paths that could not be written."""
+    files = {"--save-path": save_path, "its CSV": csv_path}
+    if not dry_run:
+        files["its mistakes picture"] = mistakes_path(save_path)
+    if save_path.suffix == ".csv":
+        raise UsageError(f"--save-path {save_path}: the metrics go to {csv_path}; give the "
+                         "checkpoint another suffix, such as .pt")
+    for what, path in files.items():
+        problem = common.check_output_file(path)
+        if problem is None:
+            continue
+        if "not a regular file" in problem:  # such as /dev/null, meant as "keep nothing"
+            problem += (". To keep nothing, save into a temporary folder instead, e.g. "
+                        "--save-path /tmp/mnist/model.pt: the final test reloads the model")
+        raise UsageError(f"{what} {path}{' ' if problem.startswith('is ') else ': '}{problem}")
+    if tensorboard is not None:
+        if importlib.util.find_spec("tensorboard") is None:
+            raise UsageError("--tensorboard needs the tensorboard package: pip install "
+                             "tensorboard")
+        if problem := common.check_output_dir(tensorboard):
+            raise UsageError(f"--tensorboard {tensorboard}: {problem}")
 
 
 def choose_splits(args: argparse.Namespace, n_train: int, n_test: int,

@@ -84,3 +84,34 @@ def trained_checkpoint(tiny_mnist, tmp_path_factory) -> Path:
             "--epochs", "25", "--lr", "2e-3", "--log-interval", "1000"]
     assert mnist_train.main(args) == 0
     return path
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """make(size) -> a folder on a new tmpfs of `size` bytes: a real disk that fills up.
+
+    Mounting needs root (and, in a container, the right to mount); without it the test is
+    skipped with the reason.
+    """
+    import subprocess
+
+    mounted = []
+
+    def make(size: int) -> Path:
+        if os.geteuid() != 0:
+            pytest.skip("a real full disk needs a small tmpfs, and mounting one needs root")
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        try:
+            proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                                   str(folder)], capture_output=True, text=True)
+        except FileNotFoundError:
+            pytest.skip("no `mount` command to make a small tmpfs")
+        if proc.returncode != 0:
+            pytest.skip(f"could not mount a small tmpfs here: {proc.stderr.strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield make
+    for folder in mounted:
+        subprocess.run(["umount", str(folder)], check=True)

@@ -504,3 +504,49 @@ def test_saving_never_replaces_anything_but_a_regular_file(tmp_path, kind):
         save(target, common.build_model("mlp"))
     assert fifo.is_fifo() and (kind != "directory" or target.is_dir())
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"fifo", names[kind]})
+
+
+def test_a_write_error_partway_keeps_the_old_file_and_leaves_no_temporary_file(tmp_path,
+                                                                             monkeypatch):
+    import builtins
+    import errno
+
+    path = tmp_path / "best.pt"
+    save(path, common.build_model("mlp"))
+    original = path.read_bytes()
+
+    class FullDisk:  # a file whose disk fills up after 1,000 bytes
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            self.f.write(data[:1000])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(common, "open", lambda *args: FullDisk(builtins.open(*args)),
+                        raising=False)
+    with pytest.raises(common.OutputError,
+                       match=f"could not write {path}: No space left on device"):
+        save(path, common.build_model("cnn"), "cnn")
+    assert path.read_bytes() == original and os.listdir(tmp_path) == ["best.pt"]
+
+
+def test_output_checks_create_the_folder_and_name_what_is_wrong(tmp_path):
+    assert common.check_output_file(tmp_path / "new" / "deeper" / "m.pt") is None
+    assert (tmp_path / "new" / "deeper").is_dir() and not os.listdir(tmp_path / "new" / "deeper")
+    (tmp_path / "file").write_text("x")
+    assert common.check_output_file(tmp_path / "file" / "m.pt") == \
+        f"{tmp_path / 'file'} exists and is not a folder"
+    assert common.check_output_dir(tmp_path / "file") == \
+        f"{tmp_path / 'file'} exists and is not a folder"
+    assert common.check_output_file(tmp_path) == "is a directory; give a file name inside it"
+    if os.geteuid() != 0:  # root may write anywhere: only a non-root run can check this
+        (tmp_path / "locked").mkdir(mode=0o500)
+        assert common.check_output_dir(tmp_path / "locked") == \
+            f"cannot write files in {tmp_path / 'locked'}: Permission denied"

@@ -356,3 +356,84 @@ def test_deterministic_flag_turns_on_deterministic_algorithms(tiny_mnist, tmp_pa
     finally:
         torch.use_deterministic_algorithms(False)
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+
+
+# where results are written ----------------------------------------------------------------------
+def make_fifo(path):
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("target, message", [
+    (lambda d: make_fifo(d / "fifo"), "is a FIFO (named pipe), not a regular file, and will not "
+     "be replaced. To keep nothing, save into a temporary folder"),
+    (lambda d: (d / "link").symlink_to(make_fifo(d / "fifo")) or d / "link", "is a FIFO"),
+    (lambda d: d, "is a directory; give a file name inside it"),
+    (lambda d: (d / "file").write_text("x") and d / "file" / "m.pt", "exists and is not a folder"),
+    (lambda d: Path("/proc/no/such/folder/m.pt"), "cannot create the folder /proc/no"),
+    (lambda d: d / "m.csv", "give the checkpoint another suffix"),
+])
+def test_a_bad_save_path_is_refused_before_any_data_is_loaded(tmp_path, capsys, no_network,
+                                                               target, message):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    save_path = target(folder)
+    before = sorted((p.name, p.stat(follow_symlinks=False).st_mode) for p in folder.iterdir())
+    with pytest.raises(SystemExit) as exit_:
+        ## no MNIST in this data dir, and no network: loading data would fail with exit code 1
+        train(tmp_path / "no_data", save_path, "--epochs", "1")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: --save-path {save_path}" in err and message in err
+    assert sorted((p.name, p.stat(follow_symlinks=False).st_mode) for p in folder.iterdir()) \
+        == before  # nothing replaced, nothing left behind
+
+
+def test_a_bad_tensorboard_folder_or_csv_path_is_refused_and_the_old_checkpoint_kept(
+        tiny_mnist, tmp_path, capsys):
+    save_path = tmp_path / "best.pt"
+    assert train(tiny_mnist, save_path, "--epochs", "1") == 0
+    saved = save_path.read_bytes()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit) as exit_:
+        train(tiny_mnist, save_path, "--tensorboard", str(tmp_path / "file" / "tb"))
+    assert exit_.value.code == 2
+    assert f"--tensorboard {tmp_path / 'file' / 'tb'}: cannot create the folder " \
+           f"{tmp_path / 'file' / 'tb'}: Not a directory" in capsys.readouterr().err
+    save_path.with_suffix(".csv").unlink()
+    save_path.with_suffix(".csv").mkdir()
+    with pytest.raises(SystemExit):
+        train(tiny_mnist, save_path)
+    assert f"its CSV {save_path.with_suffix('.csv')} is a directory" in capsys.readouterr().err
+    assert save_path.read_bytes() == saved
+
+
+def test_a_disk_that_fills_up_keeps_the_previous_checkpoint_csv_and_picture(
+        tiny_mnist, small_disk, capsys):
+    folder = small_disk(600_000)  # room for one checkpoint (440 kB), not for two at once
+    save_path = folder / "m.pt"
+    assert train(tiny_mnist, save_path, "--epochs", "1") == 0
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert sorted(before) == ["m.csv", "m.pt", "m_mistakes.png"]
+    capsys.readouterr()
+    ## A new run: its first save needs a second 440 kB while the old file still exists.
+    assert train(tiny_mnist, save_path, "--epochs", "2", "--seed", "1") == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: could not write {save_path}: No space left on device. The previous "
+                   "version of that file, if there was one, is unchanged.\n")
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # no temporary file
+    common.load_model(save_path)
+
+
+def test_a_csv_that_cannot_be_written_ends_the_run_but_keeps_the_saved_checkpoint(
+        tiny_mnist, tmp_path, small_disk, capsys):
+    common.save_checkpoint(tmp_path / "probe.pt", common.build_model("mlp"), model_name="mlp",
+                           mean=0.1, std=0.3, epoch=1, val_accuracy=0.5)
+    pages = math.ceil((tmp_path / "probe.pt").stat().st_size / 4096)
+    folder = small_disk(pages * 4096)  # exactly one checkpoint fits, and nothing more
+    save_path = folder / "m.pt"
+    assert train(tiny_mnist, save_path, "--epochs", "2") == 1
+    assert capsys.readouterr().err.startswith(
+        f"error: could not write {save_path.with_suffix('.csv')}: No space left on device.")
+    assert [p.name for p in folder.iterdir()] == ["m.pt"]
+    assert common.load_model(save_path)[1]["epoch"] == 1
