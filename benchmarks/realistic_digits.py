@@ -22,6 +22,8 @@ one way real input differs from MNIST, on top of a random tilt, size and positio
     tight        cropped tightly around the digit
     margin       a small digit in a big, mostly empty picture
     tiny         a 28x28 or 32x32 low-quality JPEG
+    small        a dark digit only 8-16 px tall in a 28-48 px JPEG, with or without anti-aliasing
+    far          a small digit far from everything: under 5% of the picture's width
 
 `score` runs `predict.py --json` on the pictures and prints the accuracy for each scenario and
 overall, next to the "naive" accuracy of the same model on the same pictures converted to gray,
@@ -46,8 +48,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 import common
 
+## New scenarios go at the end: every picture draws from one random stream, so a scenario
+## added in the middle would change all the pictures after it.
 SCENARIOS = ["photo", "ballpoint", "marker", "pencil", "colour", "grid", "lined", "shadow",
-             "paint", "mouse", "tight", "margin", "tiny"]
+             "paint", "mouse", "tight", "margin", "tiny", "small", "far"]
 
 
 # drawing a digit -------------------------------------------------------------------------------
@@ -179,7 +183,20 @@ def render(digit: torch.Tensor, scenario: str, rng: random.Random,
         height, margin = round(rng.uniform(30, 60)), rng.uniform(4, 8)
     elif scenario == "tiny":
         height, margin, sigma, quality = 20, 0.2, rng.uniform(0, 0.5), rng.randint(30, 70)
+    elif scenario == "small":  # drawn at its final size, like a digit in a small screenshot
+        height, side, quality = rng.randint(8, 16), rng.randint(28, 48), rng.randint(60, 85)
+        sigma, anti_aliased = 0.0, rng.random() < 0.5
+    elif scenario == "far":
+        height, margin = round(rng.uniform(24, 48)), rng.uniform(11, 16)
 
+    if scenario == "small":
+        alpha = small_digit_alpha(digit, height, anti_aliased, rng.uniform(-8, 8))
+        ah, aw = alpha.shape
+        h, w = side, side + rng.randint(0, side // 4)
+        top, left = rng.randint(0, h - ah), rng.randint(0, w - aw)
+        full = torch.zeros(h, w)
+        full[top:top + ah, left:left + aw] = alpha
+        return paint(full, scenario, rng, g, paper, ink, light, sigma, noise, quality, height)
     alpha = digit_alpha(digit, height, rng)
     if thin:
         alpha = skeleton(alpha)
@@ -192,7 +209,23 @@ def render(digit: torch.Tensor, scenario: str, rng: random.Random,
     top, left = rng.randint(0, h - ah), rng.randint(0, w - aw)
     full = torch.zeros(h, w)
     full[top:top + ah, left:left + aw] = alpha
+    return paint(full, scenario, rng, g, paper, ink, light, sigma, noise, quality, height)
 
+
+def small_digit_alpha(digit: torch.Tensor, height: int, anti_aliased: bool,
+                      degrees: float) -> torch.Tensor:
+    """The digit shrunk so its 20-pixel box is `height` tall: soft edges, or hard 0/1 pixels."""
+    x = rotate(digit.float() / 255, degrees)  # cropped to the digit, which MNIST makes 20 px
+    size = (max(1, round(x.shape[0] * height / 20)), max(1, round(x.shape[1] * height / 20)))
+    x = F.interpolate(x[None, None], size=size, mode="area")[0, 0]
+    return x / x.max().clamp(min=1e-6) if anti_aliased else (x > 0.3).float()
+
+
+def paint(full: torch.Tensor, scenario: str, rng: random.Random, g: torch.Generator, paper,
+          ink, light: float, sigma: float, noise: float, quality: int,
+          height: int) -> tuple[Image.Image, str]:
+    """Lay ink (`full`, 0..1) on paper, light it, blur and noise it; return (image, suffix)."""
+    h, w = full.shape
     canvas = torch.tensor(paper).view(3, 1, 1) * (1 + 0.04 * smooth_noise(h, w, 6, g))
     if scenario in ("grid", "lined"):
         step = rng.randint(max(8, height // 6), max(12, height // 3))
