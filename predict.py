@@ -8,14 +8,20 @@
 
 A model only knows the kind of images it was trained on. MNIST digits are white on black, about
 20x20 pixels inside a 28x28 frame, centred by their centre of mass, with strokes 2-3 pixels
-wide. A phone photo of a digit is none of that, so preprocess() first turns any picture into such
-an image, step by step, then normalises it exactly as training did (mean and std come from the
-checkpoint).
+wide. A phone photo of a digit is none of that, so preprocess() turns any picture into such an
+image: it finds the digit on a small copy, cuts it out of the full-resolution picture, removes
+the paper (light, shadows, ruled lines, specks) and gives it MNIST's size, stroke width and
+position. A picture with no digit in it (blank, noise, a speck) gets a warning instead.
+classify() then normalises the image exactly as training did (the mean and std come from the
+checkpoint) and runs the model. One picture that cannot be read never stops the others.
 """
 
 import argparse
+import io
 import json
+import math
 import sys
+import traceback
 import warnings
 from pathlib import Path
 
@@ -26,7 +32,9 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 import common
 
 Image.MAX_IMAGE_PIXELS = 120_000_000  # above this, refuse: a "decompression bomb" would eat RAM
-WORK_SIZE = 640  # larger pictures are shrunk to this many pixels on their long side first
+## Bigger pictures are reduced to this many pixels as they are read. That is 5000 x 5000, more
+## than any digit needs, and it keeps the memory for a 100-megapixel picture well under 1 GB.
+MAX_PIXELS = 25_000_000
 
 
 class ImageProblem(Exception):
@@ -35,24 +43,15 @@ class ImageProblem(Exception):
 
 # classifying: the main path ------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("images", nargs="+", type=Path, help="image files (PNG, JPEG, ...)")
-    parser.add_argument("--checkpoint", type=Path, default=Path("checkpoints/mnist_mlp.pt"),
-                        help="a checkpoint written by mnist_train.py")
-    parser.add_argument("--top-k", type=int, default=1, help="also show the next K-1 guesses")
-    parser.add_argument("--json", action="store_true", help="print a JSON list instead")
-    parser.add_argument("--save-input", type=Path, metavar="DIR", default=None,
-                        help="save the 28x28 image the model saw for each input into DIR")
-    parser.add_argument("--device", default="cpu", help="cpu is plenty for a few images")
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if not 1 <= args.top_k <= 10:
-        parser.error("--top-k must be between 1 and 10")
     try:
         device = common.get_device(args.device)
     except ValueError as err:
         parser.error(str(err))
-    try:
+    if args.save_input is not None and (problem := common.check_output_dir(args.save_input)):
+        parser.error(f"--save-input {args.save_input}: {problem}")
+    try:  # the architecture's name, the weights, and the normalisation used in training
         model, checkpoint = common.load_model(args.checkpoint, device)
     except common.CheckpointError as err:
         hint = " Train one first: python mnist_train.py" if not args.checkpoint.exists() else ""
@@ -62,30 +61,61 @@ def main(argv: list[str] | None = None) -> int:
     results, failed = [], 0
     for path in args.images:
         try:
-            digit = preprocess(load_gray(path))  # any picture -> a 28x28 MNIST-style digit
-        except ImageProblem as err:
+            digit, warning = preprocess(load_gray(path))  # any picture -> a 28x28 digit
+            probs = classify(model, digit, checkpoint["mean"], checkpoint["std"], device)
+        except ImageProblem as err:  # a file that is not a readable picture
             print(f"{path}: error: {err}", file=sys.stderr)
             failed += 1
             continue
-        if digit.max() == 0:
-            print(f"{path}: warning: no digit found (blank or uniform image); the guess below "
-                  "means nothing", file=sys.stderr)
-        if args.save_input is not None:
-            args.save_input.mkdir(parents=True, exist_ok=True)
-            pixels = (digit * 255).round().to(torch.uint8)
-            Image.frombytes("L", (28, 28), bytes(pixels.flatten().tolist())).save(
-                args.save_input / f"{path.stem}.png")
-        probs = classify(model, digit, checkpoint["mean"], checkpoint["std"], device)
-        results.append((path, probs))
+        except Exception as err:  # a bug here: say so, and go on with the other pictures
+            if args.debug:
+                traceback.print_exc()
+            print(f"{path}: error: unexpected {type(err).__name__}: {err}. This is a bug in "
+                  "predict.py: please report it with the picture (--debug shows the "
+                  "traceback).", file=sys.stderr)
+            failed += 1
+            continue
+        if warning:
+            print(f"{path}: warning: {warning}; the guess below means nothing", file=sys.stderr)
+        results.append({"path": str(path), "prediction": int(probs.argmax()),
+                        "probabilities": [round(float(p), 6) for p in probs],
+                        "warning": warning})
         if not args.json:
             top = probs.topk(args.top_k)
             guesses = ", ".join(f"{int(i)} ({p:.1%})" for p, i in zip(top.values, top.indices))
             print(f"{path}: {guesses}")
+        if args.save_input is not None:
+            try:
+                save_input(args.save_input / f"{path.stem}.png", digit)
+            except common.OutputError as err:
+                print(f"{path}: error: {err}", file=sys.stderr)
+                failed += 1
     if args.json:
-        print(json.dumps([{"path": str(p), "prediction": int(pr.argmax()),
-                           "probabilities": [round(float(v), 6) for v in pr]}
-                          for p, pr in results], indent=2))
+        print(json.dumps(results, indent=2))
     return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("images", nargs="+", type=Path, help="image files (PNG, JPEG, ...)")
+    parser.add_argument("--checkpoint", type=Path, default=Path("checkpoints/mnist_mlp.pt"),
+                        help="a checkpoint written by mnist_train.py")
+    parser.add_argument("--top-k", type=top_k, default=1, help="also show the next K-1 guesses")
+    parser.add_argument("--json", action="store_true", help="print a JSON list instead")
+    parser.add_argument("--save-input", type=Path, metavar="DIR", default=None,
+                        help="save the 28x28 image the model saw for each input into DIR")
+    parser.add_argument("--device", default="cpu", help="cpu is plenty for a few images")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback when a picture fails unexpectedly")
+    return parser
+
+
+def top_k(text: str) -> int:
+    """argparse type: an int from 1 to 10."""
+    if not text.isdigit() or not 1 <= int(text) <= 10:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 10, got {text!r}")
+    return int(text)
 
 
 def classify(model: torch.nn.Module, digit: torch.Tensor, mean: float, std: float,
@@ -97,6 +127,14 @@ def classify(model: torch.nn.Module, digit: torch.Tensor, mean: float, std: floa
     with torch.inference_mode():
         logits = model(inputs)
     return torch.softmax(logits, dim=1)[0].float().cpu()  # scores -> probabilities summing to 1
+
+
+def save_input(path: Path, digit: torch.Tensor) -> None:
+    """Save the 28 x 28 image the model saw as a PNG, atomically."""
+    pixels = (digit * 255).round().to(torch.uint8)
+    buffer = io.BytesIO()
+    Image.frombytes("L", (28, 28), bytes(pixels.flatten().tolist())).save(buffer, format="PNG")
+    common.write_atomically(path, buffer.getvalue())
 
 
 # reading a picture ------------------------------------------------------------------------
@@ -112,7 +150,10 @@ def load_gray(path: Path) -> torch.Tensor:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(path)  # reads only the header: a bomb is refused before decoding
-            img.draft("RGB", (2 * WORK_SIZE, 2 * WORK_SIZE))  # JPEG: decode at reduced size
+            ## Memory: a JPEG decodes straight to gray, at a reduced size if it is huge; any
+            ## other huge picture is reduced right after decoding (see MAX_PIXELS).
+            factor = math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))
+            img.draft("L", (img.width // factor, img.height // factor))
             img.load()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         raise ImageProblem(f"refused: too many pixels to decode safely ({err})") from None
@@ -121,10 +162,14 @@ def load_gray(path: Path) -> torch.Tensor:
                            "WebP...)") from None
     except (OSError, SyntaxError, ValueError) as err:
         raise ImageProblem(f"is truncated or damaged ({err})") from None
+    if max(img.size) < SPECK_EXTENT:
+        raise ImageProblem(f"is only {img.width} x {img.height} pixels: too small to hold a digit")
+    if (factor := math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))) > 1:
+        img = (img.convert("RGBA") if img.mode in ("P", "1") else img).reduce(factor)
     img = ImageOps.exif_transpose(img)  # phones store "rotate me" in EXIF instead of rotating
     if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit or float grayscale
         x = torch.frombuffer(bytearray(img.convert("F").tobytes()), dtype=torch.float32)
-        x = x.view(img.height, img.width)
+        x = x.view(img.height, img.width).nan_to_num(0.0)
         return x / (65535.0 if x.max() > 255 else 255.0 if x.max() > 1 else 1.0)
     if img.mode in ("RGBA", "LA", "PA", "P") or "transparency" in img.info:
         ## Transparent pixels have arbitrary colour underneath (often black, like the ink).
@@ -137,25 +182,51 @@ def load_gray(path: Path) -> torch.Tensor:
 
 
 # turning it into an MNIST digit ---------------------------------------------------------------
-## Each step below exists for a kind of picture people really send; the comment says which.
+## Each step below exists for a kind of picture people really send; the comments say which.
+## preprocess() runs them in this order: find the digit on a small copy of the picture, then
+## cut it out of the full-resolution picture and clean it up at a fixed size.
+
+OVERVIEW = 640  # the digit is looked for on a copy at most this many pixels across
+DIGIT_BOX = 80  # ... then cut out at full resolution and scaled so its long side is this
+MIN_CONTRAST = 0.08  # ink must differ from the paper by this much (0..1) at the least
+## MNIST draws digits about 20 px tall, and its thinnest, a "1", still covers 19 pixels. A
+## digit a third that size (7 px) can be read; ink that spans fewer pixels than this cannot.
+SPECK_EXTENT = 6
 
 
-def preprocess(gray: torch.Tensor) -> torch.Tensor:
-    """Turn a grayscale picture (H x W, 0..1) into a 28 x 28 MNIST-style digit (white on black)."""
+def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
+    """Turn a grayscale picture (H x W, 0..1) into a 28 x 28 MNIST-style digit (white on black).
+
+    Also return a warning when the picture holds no digit to read (else None).
+    """
     if already_mnist(gray):  # e.g. an MNIST test image: every step below would only blur it
-        return gray.clamp(0, 1)
-    x = shrink(gray, WORK_SIZE)
-    ink = remove_paper(x)  # ink = 1, paper = 0: any polarity, paper colour or lighting
-    mask = ink > 0.45
-    mask &= ~ruled_lines(mask)  # squared or lined paper
-    mask = keep_digit(mask)  # drop specks, page edges, other marks
+        return gray.clamp(0, 1), None
+    blank = torch.zeros(28, 28)
+    ## 1. On a small copy: which side is ink, and where is the digit?
+    overview = shrink(gray, OVERVIEW)
+    dark_ink, problem = ink_polarity(overview)
+    if problem:
+        return blank, problem
+    mask = digit_mask(ink_map(overview, dark_ink, paper_block(overview)))
     if not mask.any():
-        return torch.zeros(28, 28)
+        return blank, "no digit found: nothing stands out from the paper"
+    ## 2. The same steps again on the digit alone, cut out of the full-resolution picture and
+    ##    scaled to DIGIT_BOX pixels: a small digit is enlarged before any threshold is chosen,
+    ##    so that its thin strokes and small loops survive.
+    crop, scale = cut_out(gray, mask, gray.shape[0] / overview.shape[0])
+    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)
+    mask = digit_mask(ink)
+    if not mask.any():
+        return blank, "no digit found: nothing stands out from the paper"
     rows, cols = mask.any(dim=1).nonzero()[:, 0], mask.any(dim=0).nonzero()[:, 0]
+    extent = max(rows[-1] - rows[0], cols[-1] - cols[0]) + 1
+    if extent / scale < SPECK_EXTENT:
+        return blank, (f"no digit found: the ink is a speck, {extent / scale:.0f} px across, too "
+                       "small to be a digit")
     ## Keep the soft edge pixels around the strokes (MNIST has them too), but only there.
     near = F.max_pool2d(mask.float()[None, None], 3, stride=1, padding=1)[0, 0] > 0
     digit = (ink * near)[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
-    return centre_by_mass(mnist_strokes(digit), 28)
+    return centre_by_mass(mnist_strokes(digit), 28), None
 
 
 def already_mnist(gray: torch.Tensor) -> bool:
@@ -183,43 +254,86 @@ def shrink(x: torch.Tensor, size: int) -> torch.Tensor:
     return F.interpolate(x[None, None], size=out_size, mode="area")[0, 0]
 
 
-def remove_paper(x: torch.Tensor) -> torch.Tensor:
-    """Return how much ink each pixel holds, 0..1, for dark-on-light and light-on-dark alike."""
-    ## Dark ink on light paper, or a white-on-black drawing? The ink is whichever extreme, the
-    ## darkest or the brightest few pixels (1 in 2,000: even a small digit in a big picture
-    ## covers more), lies further from the paper. When the picture's border is clean, it is
-    ## the paper. Otherwise (a tight crop, a dark table at the edge) compare against the local
-    ## average instead, which also removes shadows and gradients.
-    flat = x.flatten()
-    few = max(1, flat.numel() // 2000)
+def ink_polarity(x: torch.Tensor) -> tuple[bool, str | None]:
+    """Return (True if the ink is darker than the paper, a reason if there is no ink at all)."""
+    ## Dark ink on light paper, or a white-on-black drawing? Pixels that differ from the paper
+    ## under them by far more than the paper's own grain are ink, and the ink lies on one side.
+    ## With none on either side the picture is blank, or noise with nothing standing out.
+    residual = x - paper_level(x, max(paper_block(x), min(x.shape) // 4))
+    cut = max(MIN_CONTRAST, 5 * grain(x))
+    darker = (-residual - cut).clamp(min=0).sum()
+    lighter = (residual - cut).clamp(min=0).sum()
+    if darker == lighter == 0:
+        if x.max() - x.min() < MIN_CONTRAST:
+            return True, "no digit found: the picture is blank (one uniform colour)"
+        return True, ("no digit found: no ink stands out from the paper's grain (noise, or a "
+                      "picture too faint)")
+    ## Paper is usually the lighter one: light ink needs the weight of evidence *and* a dark
+    ## picture, as in a white-on-black drawing or a blackboard.
     border = torch.cat([x[0], x[-1], x[:, 0], x[:, -1]])
-    if (border - border.median()).abs().quantile(0.9) < 0.15:
-        detail = flat - border.median()
+    return not (lighter > darker and x.median() < 0.5 and border.median() < 0.5), None
+
+
+def paper_block(x: torch.Tensor) -> int:
+    """Block size for paper_level on a whole picture: wider than a stroke, narrower than a
+    shadow."""
+    return max(6, max(x.shape) // 24)
+
+
+def paper_level(x: torch.Tensor, block: int, dark_ink: bool | None = None) -> torch.Tensor:
+    """The brightness of the paper under every pixel, ink or not, from blocks of the picture."""
+    v = x if dark_ink is not False else 1 - x  # light ink: work on the negative, then undo
+    h, w = v.shape
+    b = max(2, min(block, h, w))
+    padded = F.pad(v[None, None], (0, -w % b, 0, -h % b), mode="replicate")[0, 0]
+    cells = padded.unfold(0, b, b).unfold(1, b, b).reshape(-1, b * b)  # one row per block
+    shape = (padded.shape[0] // b, padded.shape[1] // b)
+    if dark_ink is None:
+        ## Ink on an unknown side: the median of a block is the paper as long as ink covers
+        ## less than half of it, and each block also takes the median of its neighbours'.
+        grid = neighbours(cells.median(dim=1).values.view(shape)).median(dim=-1).values
     else:
-        local_mean = F.interpolate(F.avg_pool2d(x[None, None], max(6, max(x.shape) // 16),
-                                                ceil_mode=True), size=x.shape, mode="bilinear")
-        detail = flat - local_mean.flatten()
-    darkest, brightest = -detail.kthvalue(few).values, detail.kthvalue(flat.numel() - few).values
-    ink = ink_darker_than_paper(x if darkest >= brightest else 1 - x)
-    ## Contrast: a pencil is fainter than a marker. Scale so that the pen's typical darkness is
-    ## 1, measured on the pixels clearly darker than the paper's grain (Otsu's threshold).
-    strong = ink[ink > otsu_threshold(ink)]
-    if strong.numel() < 4 or strong.quantile(0.9) < 0.08:  # nothing stands out: a blank page
+        ## Dark ink: the paper is the bright part of each block, even in a block that a thick
+        ## stroke mostly covers. Then a "closing" on the grid of blocks: each takes the
+        ## brightest of its neighbours (which fills blocks inside a stroke), then the darkest
+        ## of those (which puts a shadow's edge back where it was).
+        grid = cells.quantile(0.9, dim=1).view(shape)
+        grid = neighbours(neighbours(grid).amax(dim=-1)).amin(dim=-1)
+    full = F.interpolate(grid[None, None], size=padded.shape, mode="bilinear",
+                         align_corners=False)[0, 0][:h, :w]
+    return full if dark_ink is not False else 1 - full
+
+
+def neighbours(grid: torch.Tensor) -> torch.Tensor:
+    """For each cell of a 2-D grid, its 3 x 3 neighbourhood (edges repeated): H x W x 9."""
+    padded = F.pad(grid[None, None], (1, 1, 1, 1), mode="replicate")[0, 0]
+    return padded.unfold(0, 3, 1).unfold(1, 3, 1).reshape(*grid.shape, 9)
+
+
+def grain(x: torch.Tensor) -> float:
+    """How much the paper varies from pixel to pixel: a robust standard deviation of its noise."""
+    ## Differences between neighbouring pixels cancel slow changes of light; the edges of
+    ## strokes are too few to move their median, however much of the picture the ink covers.
+    steps = x.flatten().diff().abs()
+    return 1.4826 * float(steps.median()) / math.sqrt(2) if steps.numel() else 0.0
+
+
+def ink_map(x: torch.Tensor, dark_ink: bool, block: int) -> torch.Tensor:
+    """How much ink each pixel holds, 0..1, scaled so that the pen's typical ink is 1."""
+    ## Ink is measured against the paper under it, so that uneven light, a shadow or coloured
+    ## paper cancel out: darkness relative to the paper for dark ink, brightness for light ink.
+    paper = paper_level(x, block, dark_ink)
+    if dark_ink:
+        ink = (paper - x) / paper.clamp(min=0.1)
+    else:
+        ink = (x - paper) / (1 - paper).clamp(min=0.1)
+    ## Contrast: a pencil is fainter than a marker. Among the pixels clearly darker than the
+    ## paper's grain, the strong group (Otsu's threshold) is the pen; its typical value becomes 1.
+    clear = ink[ink > max(MIN_CONTRAST, 5 * grain(ink))]
+    if clear.numel() == 0:
         return torch.zeros_like(ink)
+    strong = clear[clear >= otsu_threshold(clear)]
     return (ink / strong.quantile(0.9)).clamp(0, 1)
-
-
-def ink_darker_than_paper(x: torch.Tensor) -> torch.Tensor:
-    """Relative darkness of each pixel against the paper around it, 0..1."""
-    ## Uneven light (a phone's shadow, a lamp on one side) and coloured paper: estimate the
-    ## paper's own brightness around every pixel as the brightest value nearby (dark strokes
-    ## narrower than the window vanish), then measure ink as darkness relative to it. The
-    ## window works on a 16x smaller copy, which is fast and smooths the estimate.
-    k = max(6, max(x.shape) // 16)
-    local = F.max_pool2d(x[None, None], k, ceil_mode=True)
-    local = F.avg_pool2d(F.max_pool2d(local, 3, 1, 1), 3, 1, 1, count_include_pad=False)
-    paper = F.interpolate(local, size=x.shape, mode="bilinear", align_corners=False)[0, 0]
-    return ((paper - x) / paper.clamp(min=0.1)).clamp(0, 1)
 
 
 def otsu_threshold(values: torch.Tensor) -> float:
@@ -232,6 +346,27 @@ def otsu_threshold(values: torch.Tensor) -> float:
         weight[-1] - weight).clamp(min=1)
     between = weight * (weight[-1] - weight) * (mean_low - mean_high) ** 2
     return float(centres[between.argmax()] + 0.5 / 64)
+
+
+def digit_mask(ink: torch.Tensor) -> torch.Tensor:
+    """Pixels of the digit's strokes: clear ink, without ruled lines, specks or page edges."""
+    mask = grow(ink > 0.55, ink > 0.4)  # faint pixels count where they continue a clear stroke
+    mask &= ~ruled_lines(mask)  # squared or lined paper
+    return keep_digit(mask)  # drop specks, page edges, other marks
+
+
+def grow(seeds: torch.Tensor, allowed: torch.Tensor, steps: int = 64) -> torch.Tensor:
+    """Grow `seeds` into the connected pixels of `allowed` ("hysteresis" thresholding)."""
+    ## A JPEG-softened stroke fades in places: those faint pixels join the digit where they
+    ## connect to clear ink (the bar of a 5, the top of a 9's loop), while faint marks that
+    ## touch no clear ink stay out.
+    mask = seeds & allowed
+    for _ in range(steps):
+        grown = F.max_pool2d(mask.float()[None, None], 3, 1, 1)[0, 0].bool() & allowed
+        if torch.equal(grown, mask):
+            break
+        mask = grown
+    return mask
 
 
 def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
@@ -277,22 +412,6 @@ def at_most(mask: torch.Tensor, size: int):
     return small, restore
 
 
-def components(mask: torch.Tensor) -> torch.Tensor:
-    """Label 8-connected regions of a boolean mask: 0 = background, 1, 2, ... = regions."""
-    ## Every pixel starts with its own number and repeatedly takes the largest number among its
-    ## neighbours, until each region carries a single number. "Pointer jumping" speeds this up:
-    ## a pixel also copies the number held by the pixel its number points to.
-    flat_mask = mask.flatten()
-    labels = torch.arange(1, mask.numel() + 1, dtype=torch.float32) * flat_mask
-    while True:
-        grown = F.max_pool2d(labels.view(1, 1, *mask.shape), 3, 1, 1).flatten() * flat_mask
-        for _ in range(4):
-            grown = torch.maximum(grown, grown[(grown.long() - 1).clamp(min=0)] * flat_mask)
-        if torch.equal(grown, labels):
-            return torch.unique(labels, return_inverse=True)[1].view(mask.shape)
-        labels = grown
-
-
 def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     """Keep the digit's strokes: the main blob of ink and the pieces close to it."""
     ## Work on a copy at most 128 pixels across: enough to tell blobs apart, and fast.
@@ -310,11 +429,15 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     left = torch.full((count + 1,), w).scatter_reduce(0, labels.flatten(), xs.flatten(), "amin")
     right = torch.zeros(count + 1, dtype=torch.long).scatter_reduce(
         0, labels.flatten(), xs.flatten(), "amax")
-    ## Edges of the page, the table beyond it, a finger: large marks along the picture's border.
-    ## They count for little when choosing the digit, unless everything touches the border
-    ## (a tightly cropped digit).
-    touches = (top == 0) | (left == 0) | (bottom == h - 1) | (right == w - 1)
-    score = area * torch.where(touches, 0.2, 1.0)
+    ## Edges of the page, the table beyond it: marks that run along the picture's border, over
+    ## much of its length. They count for little when choosing the digit. (A tightly cropped
+    ## digit touches the border too, but only where its strokes end.)
+    def contact(line: torch.Tensor) -> torch.Tensor:  # share of a border line on each blob
+        return torch.zeros(count + 1).index_add_(0, line, torch.ones(len(line))) / len(line)
+
+    edges = torch.stack([contact(line) for line in (labels[0], labels[-1], labels[:, 0],
+                                                     labels[:, -1])])
+    score = area * torch.where(edges.amax(dim=0) > 0.4, 0.2, 1.0)
     score[0] = -1
     main = int(score.argmax())
     ## Pieces of the same digit (a "5" whose bar is detached, a broken pencil line) lie within
@@ -322,9 +445,45 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     size = max(bottom[main] - top[main], right[main] - left[main]) + 1
     gap = torch.maximum(torch.maximum(top - bottom[main], top[main] - bottom),
                         torch.maximum(left - right[main], left[main] - right)).clamp(min=0)
+    touches = edges.amax(dim=0) > 0  # when the digit does not reach the border, what does
     keep = (gap <= size / 2) & (area >= 0.05 * area[main]) & ~(touches & ~touches[main])
     keep[0], keep[main] = False, True
     return mask & restore(keep[labels])
+
+
+def components(mask: torch.Tensor) -> torch.Tensor:
+    """Label 8-connected regions of a boolean mask: 0 = background, 1, 2, ... = regions."""
+    ## Every pixel starts with its own number and repeatedly takes the largest number among its
+    ## neighbours, until each region carries a single number. "Pointer jumping" speeds this up:
+    ## a pixel also copies the number held by the pixel its number points to.
+    flat_mask = mask.flatten()
+    labels = torch.arange(1, mask.numel() + 1, dtype=torch.float32) * flat_mask
+    while True:
+        grown = F.max_pool2d(labels.view(1, 1, *mask.shape), 3, 1, 1).flatten() * flat_mask
+        for _ in range(4):
+            grown = torch.maximum(grown, grown[(grown.long() - 1).clamp(min=0)] * flat_mask)
+        if torch.equal(grown, labels):
+            return torch.unique(labels, return_inverse=True)[1].view(mask.shape)
+        labels = grown
+
+
+def cut_out(gray: torch.Tensor, mask: torch.Tensor,
+            factor: float) -> tuple[torch.Tensor, float]:
+    """The digit that `mask` marks on a copy `factor` times smaller, cut out of `gray` with a
+    margin of paper, scaled so its long side is DIGIT_BOX pixels; and that scale."""
+    rows, cols = mask.any(dim=1).nonzero()[:, 0], mask.any(dim=0).nonzero()[:, 0]
+    top, bottom = float(rows[0]) * factor, float(rows[-1] + 1) * factor
+    left, right = float(cols[0]) * factor, float(cols[-1] + 1) * factor
+    size = max(bottom - top, right - left)
+    margin = size / 2 + 2  # enough paper around the digit to measure the paper by
+    h, w = gray.shape
+    crop = gray[max(0, int(top - margin)) : min(h, int(bottom + margin) + 1),
+                max(0, int(left - margin)) : min(w, int(right + margin) + 1)]
+    scale = DIGIT_BOX / size
+    out_size = (max(1, round(crop.shape[0] * scale)), max(1, round(crop.shape[1] * scale)))
+    mode = "area" if scale < 1 else "bicubic"  # bicubic: enlarged strokes stay crisp
+    resized = F.interpolate(crop[None, None], size=out_size, mode=mode)[0, 0]
+    return resized.clamp(0, 1), scale
 
 
 def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
@@ -343,7 +502,8 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
         k = 2 * abs(steps) + 1
         x = big[None, None]  # max-pooling spreads ink (thicker); min-pooling, the reverse
         x = F.max_pool2d(x, k, 1, k // 2) if steps > 0 else -F.max_pool2d(-x, k, 1, k // 2)
-        big = x[0, 0]
+        ## Thicker strokes must not fill the holes of loops: a thin 9 would become a 7.
+        big = torch.where(holes(big > 0.5), big, x[0, 0])
     rows, cols = (big > 0.5).any(dim=1).nonzero()[:, 0], (big > 0.5).any(dim=0).nonzero()[:, 0]
     if len(rows) == 0:  # thinning erased it: keep the unthinned version
         return F.avg_pool2d(fit(digit, 80)[None, None], 4)[0, 0]
@@ -351,6 +511,14 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     h, w = big.shape
     big = F.pad(big, (0, -w % 4, 0, -h % 4))  # whole 4x4 blocks
     return F.avg_pool2d(big[None, None], 4)[0, 0]
+
+
+def holes(mask: torch.Tensor) -> torch.Tensor:
+    """Background pixels that ink encloses, such as the inside of a loop."""
+    background = ~mask
+    edge = torch.zeros_like(mask)
+    edge[0], edge[-1], edge[:, 0], edge[:, -1] = True, True, True, True
+    return background & ~grow(edge & background, background, steps=mask.numel())
 
 
 def fit(x: torch.Tensor, box: int) -> torch.Tensor:

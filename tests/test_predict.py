@@ -1,13 +1,24 @@
+import io
 import json
+import os
 import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers import digit_picture
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
 import predict
+
+
+def digit_of(gray):
+    """predict.preprocess for a picture that holds a digit: the 28x28 image, and no warning."""
+    digit, warning = predict.preprocess(gray)
+    assert warning is None, warning
+    return digit
 
 
 def centre_of_mass(x):
@@ -24,7 +35,7 @@ def to_gray(img):
 
 def test_a_dark_off_centre_photo_becomes_a_centred_white_on_black_digit():
     picture = digit_picture(8, size=(400, 300), centre=(290, 80), font_size=120)
-    x = predict.preprocess(to_gray(picture))
+    x = digit_of(to_gray(picture))
     assert x.shape == (28, 28)
     assert x.max() == pytest.approx(1.0, abs=0.05) and x.min() == 0
     inked = (x > 0.1).nonzero()
@@ -37,26 +48,26 @@ def test_a_dark_off_centre_photo_becomes_a_centred_white_on_black_digit():
 
 
 def test_the_result_does_not_depend_on_polarity_or_position():
-    dark_on_light = predict.preprocess(to_gray(digit_picture(4, centre=(100, 90))))
-    light_on_dark = predict.preprocess(to_gray(digit_picture(4, ink=(250, 250, 250),
+    dark_on_light = digit_of(to_gray(digit_picture(4, centre=(100, 90))))
+    light_on_dark = digit_of(to_gray(digit_picture(4, ink=(250, 250, 250),
                                                              paper=(10, 10, 10))))
     assert (dark_on_light - light_on_dark).abs().mean() < 0.02
 
 
 def test_an_mnist_style_image_passes_through_unchanged():
-    once = predict.preprocess(to_gray(digit_picture(3)))
-    assert torch.equal(predict.preprocess(once), once)
+    once = digit_of(to_gray(digit_picture(3)))
+    assert torch.equal(digit_of(once), once)
     ## but a small digit in the corner of a 28x28 black canvas is still scaled and centred
     corner = torch.zeros(28, 28)
     corner[1:11, 1:11] = F.interpolate(once[None, None], size=(10, 10), mode="area")[0, 0]
-    fixed = predict.preprocess(corner)
+    fixed = digit_of(corner)
     rows = (fixed > 0.3).any(dim=1).nonzero()[:, 0]
     assert 17 <= rows[-1] - rows[0] + 1 <= 21
     assert all(abs(c - 14) < 1 for c in centre_of_mass(fixed))
 
 
 def test_transparency_and_exif_rotation_are_respected(tmp_path):
-    reference = predict.preprocess(to_gray(digit_picture(2, paper=(255, 255, 255),
+    reference = digit_of(to_gray(digit_picture(2, paper=(255, 255, 255),
                                                          ink=(0, 0, 0))))
     ## black ink on a fully transparent (black underneath) background
     rgba = digit_picture(2, paper=(0, 0, 0), ink=(0, 0, 0)).convert("RGBA")
@@ -69,7 +80,7 @@ def test_transparency_and_exif_rotation_are_respected(tmp_path):
     digit_picture(2, paper=(255, 255, 255), ink=(0, 0, 0)).rotate(90, expand=True).save(
         tmp_path / "sideways.png", exif=exif)
     for name in ("transparent.png", "sideways.png"):
-        x = predict.preprocess(predict.load_gray(tmp_path / name))
+        x = digit_of(predict.load_gray(tmp_path / name))
         assert (x - reference).abs().mean() < 0.02, name
 
 
@@ -96,7 +107,8 @@ def test_json_output_has_path_prediction_and_ten_probabilities(trained_checkpoin
     assert predict.main(["--checkpoint", str(trained_checkpoint), "--json",
                          str(tmp_path / "one.png")]) == 0
     [result] = json.loads(capsys.readouterr().out)
-    assert set(result) == {"path", "prediction", "probabilities"}
+    assert set(result) == {"path", "prediction", "probabilities", "warning"}
+    assert result["warning"] is None
     assert result["path"] == str(tmp_path / "one.png") and isinstance(result["prediction"], int)
     assert len(result["probabilities"]) == 10 and sum(result["probabilities"]) == pytest.approx(1)
     assert result["prediction"] == max(range(10), key=result["probabilities"].__getitem__)
@@ -124,7 +136,7 @@ def test_bad_files_are_reported_and_the_good_ones_still_classified(trained_check
 
 # reading every kind of picture ------------------------------------------------------------------
 def reference_digit():
-    return predict.preprocess(to_gray(digit_picture(2, paper=(255, 255, 255), ink=(0, 0, 0))))
+    return digit_of(to_gray(digit_picture(2, paper=(255, 255, 255), ink=(0, 0, 0))))
 
 
 def save_in_mode(tmp_path, mode):
@@ -145,7 +157,7 @@ def save_in_mode(tmp_path, mode):
 
 @pytest.mark.parametrize("mode", ["I;16", "P", "RGBA", "LA", "CMYK", "1"])
 def test_unusual_image_modes_are_read_correctly(tmp_path, mode):
-    x = predict.preprocess(predict.load_gray(save_in_mode(tmp_path, mode)))
+    x = digit_of(predict.load_gray(save_in_mode(tmp_path, mode)))
     assert (x - reference_digit()).abs().mean() < 0.03, mode
 
 
@@ -192,11 +204,11 @@ def test_a_blank_picture_gets_a_warning(trained_checkpoint, tmp_path, capsys):
 
 # robustness to real pictures --------------------------------------------------------------------
 def plain():
-    return predict.preprocess(to_gray(digit_picture(5)))
+    return digit_of(to_gray(digit_picture(5)))
 
 
 def close_to_plain(picture, tolerance=0.06):
-    x = predict.preprocess(to_gray(picture))
+    x = digit_of(to_gray(picture))
     return (x - plain()).abs().mean().item() < tolerance, (x - plain()).abs().mean().item()
 
 
@@ -242,7 +254,7 @@ def test_strokes_of_any_width_get_mnist_width(pen):
 
     picture = Image.new("RGB", (400, 400), "white")
     ImageDraw.Draw(picture).line([(110, 70), (290, 70), (170, 330)], fill="black", width=pen)
-    x = predict.preprocess(to_gray(picture))
+    x = digit_of(to_gray(picture))
     width = predict.stroke_width(F.interpolate(x[None, None], scale_factor=4, mode="bilinear")
                                  [0, 0] > 0.5) / 4
     assert 1.8 < width < 3.2, width  # MNIST's strokes: about 2.4 px
@@ -263,9 +275,223 @@ def test_an_mnist_image_stays_as_it_is(tiny_mnist):
     passed_through = 0
     for image in images[:20]:
         x = image.float() / 255
-        once = predict.preprocess(x)
+        once = digit_of(x)
         if predict.already_mnist(x):  # 28x28, white on black, ~20 px tall, centred
             assert torch.equal(once, x)
             passed_through += 1
-        assert torch.equal(predict.preprocess(once), once)  # the output is MNIST-like itself
+        assert torch.equal(digit_of(once), once)  # the output is MNIST-like itself
     assert 0 < passed_through < 20  # the font digits come in MNIST's size and smaller
+
+
+# small and low-resolution digits ------------------------------------------------------------
+def jpeg(picture, quality):
+    """The picture after a round trip through JPEG, as a gray tensor."""
+    buffer = io.BytesIO()
+    picture.save(buffer, format="JPEG", quality=quality)
+    return to_gray(Image.open(buffer))
+
+
+def loops(digit):
+    """How many closed loops the strokes of a 28x28 digit make (holes in its ink)."""
+    return int(predict.components(predict.holes(digit > 0.4)).max())
+
+
+def small_nine(height=12, scale=8):
+    """A dark 9 `height` px tall with a narrow loop, anti-aliased, in a 28x28 RGB picture."""
+    ## Drawn 8x larger and shrunk by averaging, so its edges are soft as a camera's are.
+    big = Image.new("L", (28 * scale, 28 * scale), 245)
+    draw = ImageDraw.Draw(big)
+    h, w, pen, top, left = height * scale, int(height * scale * 0.35), 12, 8 * scale, 11 * scale
+    draw.ellipse([left, top, left + w, top + int(h * 0.45)], outline=25, width=pen)
+    draw.line([left + w - pen // 2, top + int(h * 0.22), left + int(w * 0.7), top + h], fill=25,
+              width=pen)
+    return big.resize((28, 28), Image.BOX).convert("RGB")
+
+
+@pytest.mark.parametrize("quality", [60, 70, 85])
+def test_a_12_px_jpeg_softened_9_keeps_its_loop(quality):
+    ## Enlarging the few pixels of such a 9 smoothly and then thresholding them at a fixed level
+    ## fills its loop, and the 9 becomes a 7 or a 1. It is enlarged before the threshold is
+    ## chosen, and the ink is grown from clear pixels, so the loop stays open.
+    gray = jpeg(small_nine(), quality)
+    ink = (gray < 0.6).nonzero()
+    assert ink[:, 0].max() - ink[:, 0].min() + 1 == 12  # the digit really is 12 px tall
+    assert loops(digit_of(gray)) == 1
+
+
+def test_faint_pixels_join_the_digit_only_where_they_continue_clear_ink():
+    ## Ink as the digit's cleanup sees it: the body and the bar of a 5, clear (1.0), touching
+    ## only through two faint pixels (0.45); and a faint smudge (0.45) that touches nothing.
+    ink = torch.zeros(80, 80)
+    ink[20:60, 20:24] = 1.0  # the stem and body, simplified
+    ink[56:60, 20:50] = 1.0
+    ink[20:24, 26:50] = 1.0  # the bar, two pixels away from the stem...
+    ink[21:23, 24:26] = 0.45  # ...joined to it by faint pixels
+    ink[40:46, 60:66] = 0.45  # a faint smudge on its own
+    mask = predict.digit_mask(ink)
+    assert predict.components(mask).max() == 1  # one digit: the bar stays attached
+    assert mask[21:23, 24:26].all() and mask[20:24, 26:50].all()
+    assert not mask[40:46, 60:66].any()
+    assert not predict.grow(ink > 0.55, ink > 0.4)[40:46, 60:66].any()
+
+
+def test_a_small_5_with_a_faint_join_comes_out_whole():
+    ## The same in a picture: a 5 about 18 px tall whose bar hangs on by two pale pixels.
+    picture = Image.new("L", (40, 40), 240)
+    draw = ImageDraw.Draw(picture)
+    draw.line([(15, 12), (15, 20)], fill=20, width=2)  # the stem
+    draw.arc([(12, 18), (26, 30)], start=-120, end=150, fill=20, width=2)  # the belly
+    draw.line([(18, 11), (26, 11)], fill=20, width=2)  # the bar, one pixel from the stem...
+    draw.point([(17, 11), (17, 12)], fill=150)  # ...joined to it by two faint pixels only
+    digit = digit_of(jpeg(picture.convert("RGB"), 75))
+    rows = (digit > 0.3).any(dim=1).nonzero()[:, 0]
+    assert rows[-1] - rows[0] + 1 >= 18  # bar and belly both there: the digit is full height
+    assert (digit[rows[0] : rows[0] + 3] > 0.3).any(dim=0).sum() >= 6  # the bar, across the top
+    assert predict.components(digit > 0.3).max() == 1  # in one piece
+
+
+def test_a_30_px_digit_in_a_3000_px_picture_is_cut_out_at_full_resolution():
+    def picture(size, centre):
+        img = Image.new("L", size, 235)
+        ImageDraw.Draw(img).text(centre, "8", fill=25, anchor="mm",
+                                 font=ImageFont.load_default(size=40))  # an 8, 30 px tall
+        return to_gray(img)
+
+    def difference(x, y):  # mean absolute difference, allowing a shift of one pixel
+        return min((x - torch.roll(y, (i, j), (0, 1))).abs().mean().item()
+                   for i in (-1, 0, 1) for j in (-1, 0, 1))
+
+    alone = digit_of(picture((100, 100), (50, 50)))
+    big = picture((3000, 3000), (2100, 700))
+    in_big = digit_of(big)
+    ## Cut out of the full picture, the 8 comes out as it does on its own, with both loops...
+    assert difference(in_big, alone) < 0.02 and loops(in_big) == 2
+    ## ...while from the 640-px copy, where it is 6 px tall, it would come out blurred.
+    assert difference(digit_of(predict.shrink(big, 640)), alone) > 0.05
+
+
+# pictures with no digit -------------------------------------------------------------------------
+def one_dot(size, value=1.0, background=0.0):
+    x = torch.full(size, background)
+    x[size[0] // 3, size[1] // 2] = value
+    return x
+
+
+@pytest.mark.parametrize("gray, reason", [
+    (one_dot((28, 28)), "speck"),  # one white pixel on black: not a digit blown up to 20x20
+    (one_dot((28, 28), 0.0, 1.0), "speck"),  # one black pixel on white
+    (one_dot((600, 800), 0.0, 0.9), "speck"),
+    (torch.full((2, 2), 0.0), "blank"),
+    (torch.full((300, 300), 0.93), "blank"),
+    (torch.full((1, 50), 0.5), "blank"),
+    (torch.rand(300, 300, generator=torch.Generator().manual_seed(0)), "no ink stands out"),
+    (torch.rand(1, 1), "blank"),
+    (torch.rand(40, 1, generator=torch.Generator().manual_seed(1)), "no ink stands out"),
+])
+def test_pictures_without_a_digit_get_a_warning_and_no_exception(gray, reason):
+    digit, warning = predict.preprocess(gray)
+    assert digit.shape == (28, 28)
+    assert warning.startswith("no digit found") and reason in warning
+
+
+def test_no_mnist_style_digit_is_taken_for_a_speck(tiny_mnist):
+    import common
+
+    images, _ = common.load_mnist(tiny_mnist, train=False)
+    thinnest = images[(images > 127).sum((1, 2)).argsort()[:40]]  # the least ink first
+    for image in thinnest:
+        assert predict.preprocess(image.float() / 255)[1] is None
+
+
+@pytest.mark.parametrize("scenario", ["small", "far", "margin", "tiny", "tight", "mouse"])
+def test_small_far_and_thin_digits_are_not_taken_for_specks(tiny_mnist, scenario):
+    ## The benchmark's own drawing code, on the tiny font digits instead of MNIST's.
+    import random
+
+    import common
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import realistic_digits
+
+    images, _ = common.load_mnist(tiny_mnist, train=False)
+    rng, g = random.Random(0), torch.Generator().manual_seed(0)
+    for image in images[:12]:
+        img, suffix = realistic_digits.render(image, scenario, rng, g)
+        buffer = io.BytesIO()
+        img.save(buffer, format="JPEG" if suffix == ".jpg" else "PNG", quality=75)
+        assert predict.preprocess(to_gray(Image.open(buffer)))[1] is None
+
+
+def test_real_mnist_digits_are_never_taken_for_specks():
+    import common
+
+    root = os.environ.get("MNIST_DATA_DIR")
+    if not (root and Path(root, "MNIST", "raw").is_dir()):
+        pytest.skip("set MNIST_DATA_DIR to a folder containing MNIST/raw to check real digits")
+    images, _ = common.load_mnist(root, train=False)
+    thinnest = images[(images > 127).sum((1, 2)).argsort()[:300]]  # 19 to about 40 pixels
+    for image in thinnest:
+        assert predict.preprocess(image.float() / 255)[1] is None
+
+
+def test_a_no_digit_picture_is_marked_in_json(trained_checkpoint, tmp_path, capsys):
+    Image.fromarray((one_dot((28, 28)) * 255).byte().numpy()).save(tmp_path / "dot.png")
+    digit_picture(3).save(tmp_path / "three.png")
+    assert predict.main(["--checkpoint", str(trained_checkpoint), "--json",
+                         str(tmp_path / "dot.png"), str(tmp_path / "three.png")]) == 0
+    out, err = capsys.readouterr()
+    dot, three = json.loads(out)
+    assert dot["warning"].startswith("no digit found: the ink is a speck")
+    assert three["warning"] is None
+    assert f"{tmp_path / 'dot.png'}: warning: no digit found" in err
+
+
+# no picture stops the others ----------------------------------------------------------------
+def test_a_1x1_picture_is_refused_and_the_pictures_around_it_are_classified(
+        trained_checkpoint, tmp_path, capsys):
+    digit_picture(2).save(tmp_path / "a.png")
+    Image.new("RGB", (1, 1), "white").save(tmp_path / "b.png")
+    digit_picture(7).save(tmp_path / "c.png")
+    paths = [str(tmp_path / name) for name in ("a.png", "b.png", "c.png")]
+    assert predict.main(["--checkpoint", str(trained_checkpoint), *paths]) == 1
+    out, err = capsys.readouterr()
+    assert [line.split(": ")[0] for line in out.splitlines()] == [paths[0], paths[2]]
+    assert err == f"{paths[1]}: error: is only 1 x 1 pixels: too small to hold a digit\n"
+
+
+def test_an_unexpected_error_on_one_picture_is_one_line_and_the_rest_go_on(
+        trained_checkpoint, tmp_path, capsys, monkeypatch):
+    real = predict.preprocess
+
+    def broken_on_b(gray):
+        if gray.shape == (220, 301):  # only the picture "b" has this size
+            raise RuntimeError("kthvalue(): selected number k out of range")
+        return real(gray)
+
+    monkeypatch.setattr(predict, "preprocess", broken_on_b)
+    digit_picture(2).save(tmp_path / "a.png")
+    digit_picture(5, size=(301, 220)).save(tmp_path / "b.png")
+    digit_picture(7).save(tmp_path / "c.png")
+    paths = [str(tmp_path / name) for name in ("a.png", "b.png", "c.png")]
+    assert predict.main(["--checkpoint", str(trained_checkpoint), *paths]) == 1
+    out, err = capsys.readouterr()
+    assert [line.split(": ")[0] for line in out.splitlines()] == [paths[0], paths[2]]
+    assert err == (f"{paths[1]}: error: unexpected RuntimeError: kthvalue(): selected number k "
+                   "out of range. This is a bug in predict.py: please report it with the picture "
+                   "(--debug shows the traceback).\n")
+    assert predict.main(["--checkpoint", str(trained_checkpoint), "--debug", paths[1]]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and "broken_on_b" in err
+
+
+def test_a_bad_save_input_folder_is_refused_before_any_picture(trained_checkpoint, tmp_path,
+                                                                capsys):
+    (tmp_path / "file").write_text("x")
+    digit_picture(2).save(tmp_path / "a.png")
+    with pytest.raises(SystemExit) as exit_:
+        predict.main(["--checkpoint", str(trained_checkpoint), "--save-input",
+                      str(tmp_path / "file"), str(tmp_path / "a.png")])
+    assert exit_.value.code == 2
+    out, err = capsys.readouterr()
+    assert f"--save-input {tmp_path / 'file'}: {tmp_path / 'file'} exists and is not a folder" \
+        in err and out == ""
