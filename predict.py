@@ -165,7 +165,7 @@ def load_gray(path: Path) -> torch.Tensor:
     if max(img.size) < SPECK_EXTENT:
         raise ImageProblem(f"is only {img.width} x {img.height} pixels: too small to hold a digit")
     if (factor := math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))) > 1:
-        img = (img.convert("RGBA") if img.mode in ("P", "1") else img).reduce(factor)
+        img = reduce_in_strips(img, factor)
     img = ImageOps.exif_transpose(img)  # phones store "rotate me" in EXIF instead of rotating
     if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit or float grayscale
         x = torch.frombuffer(bytearray(img.convert("F").tobytes()), dtype=torch.float32)
@@ -178,7 +178,21 @@ def load_gray(path: Path) -> torch.Tensor:
         img = Image.alpha_composite(Image.new("RGBA", rgba.size, "white"), rgba)
     gray = img.convert("L")  # also handles CMYK, palette, 1-bit and YCbCr images
     x = torch.frombuffer(bytearray(gray.tobytes()), dtype=torch.uint8).view(gray.height, gray.width)
-    return x.float() / 255
+    return x.float().div_(255)
+
+
+def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
+    """Shrink a decoded picture `factor` times by averaging, a strip at a time, so that memory
+    holds the big picture and a small gray one, never a second big copy."""
+    ## Gray right away, unless the picture has transparency or more than 8 bits (see below).
+    mode = {"RGB": "L", "L": "L", "CMYK": "L", "YCbCr": "L", "F": "F"}.get(
+        img.mode, "I" if img.mode.startswith("I") else "RGBA")
+    small = Image.new(mode, (img.width // factor, img.height // factor))
+    rows = factor * 256
+    for top in range(0, small.height * factor, rows):
+        box = (0, top, small.width * factor, min(top + rows, small.height * factor))
+        small.paste(img.crop(box).convert(mode).reduce(factor), (0, top // factor))
+    return small
 
 
 # turning it into an MNIST digit ---------------------------------------------------------------

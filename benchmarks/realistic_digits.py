@@ -2,9 +2,11 @@
 
     python benchmarks/realistic_digits.py make --data-dir ../shared/data --out realistic
     python benchmarks/realistic_digits.py score --images realistic \
-        --checkpoint checkpoints/mnist_mlp.pt
+        --checkpoint checkpoints/mnist_mlp.pt checkpoints/mnist_cnn.pt
+    python benchmarks/realistic_digits.py speed      # a 4000 x 3000 photo; a 100 MP picture
+    python benchmarks/realistic_digits.py figure     # docs/what_the_model_sees.png
 
-`make` writes 100 pictures for each of the 13 scenarios below (1,300 files, about 25 MB) and a
+`make` writes 100 pictures for each of the 15 scenarios below (1,500 files, about 50 MB) and a
 labels.csv. Everything is drawn from a fixed seed, so the set is identical on every machine.
 The digits come from the MNIST *test* set, which no model here trains on. Each picture mimics
 one way real input differs from MNIST, on top of a random tilt, size and position:
@@ -25,28 +27,33 @@ one way real input differs from MNIST, on top of a random tilt, size and positio
     small        a dark digit only 8-16 px tall in a 28-48 px JPEG, with or without anti-aliasing
     far          a small digit far from everything: under 5% of the picture's width
 
-`score` runs `predict.py --json` on the pictures and prints the accuracy for each scenario and
-overall, next to the "naive" accuracy of the same model on the same pictures converted to gray,
-squashed to 28x28 and inverted when the paper is light, without predict.py's preprocessing.
-It is a tool for finding failure modes; real photos remain the final judge.
+`score` runs predict.py's own reading and preprocessing on every picture and prints, for each
+checkpoint, the accuracy per scenario and overall, next to the "naive" accuracy of the same
+model on the same pictures converted to gray, squashed to 28x28 and inverted when the paper is
+light. It also counts the pictures that got a no-digit warning (there should be none). It is a
+tool for finding failure modes; real photos remain the final judge.
 """
 
 import argparse
 import csv
-import json
 import math
+import os
 import random
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
+from torchvision.utils import make_grid, save_image
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 import common
+import predict
 
 ## New scenarios go at the end: every picture draws from one random stream, so a scenario
 ## added in the middle would change all the pictures after it.
@@ -287,35 +294,89 @@ def naive_input(path: Path, mean: float, std: float) -> torch.Tensor:
 
 
 def score(args) -> None:
+    """Accuracy of each checkpoint per scenario, with predict.py's preprocessing and naively."""
     folder = Path(args.images)
     with open(folder / "labels.csv") as f:
         rows = list(csv.DictReader(f))
-    paths = [str(folder / r["file"]) for r in rows]
-    proc = subprocess.run([sys.executable, str(REPO / "predict.py"), "--json", "--checkpoint",
-                           args.checkpoint, *paths], capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(proc.stderr)
-    predictions = {r["path"]: r["prediction"] for r in json.loads(proc.stdout)}
-    model, checkpoint = common.load_model(args.checkpoint)
-    with torch.inference_mode():
-        naive = {p: int(model(naive_input(Path(p), checkpoint["mean"], checkpoint["std"])).argmax())
-                 for p in paths}
-    print(f"{args.checkpoint} ({checkpoint['model_name']}) on {folder}/")
-    print("| scenario | pictures | predict.py | naive 28x28 |")
-    print("|---|---|---|---|")
+    models = [(Path(c).stem, *common.load_model(c)) for c in args.checkpoint]
+    right = {(name, way): [] for name, _, _ in models for way in ("predict.py", "naive")}
+    warned, wrong = [], []
+    for r in rows:
+        path, label = folder / r["file"], int(r["label"])
+        digit, warning = predict.preprocess(predict.load_gray(path))  # exactly what predict.py does
+        if warning:
+            warned.append(f"{r['file']}: {warning}")
+        for name, model, checkpoint in models:
+            mean, std = checkpoint["mean"], checkpoint["std"]
+            guess = int(predict.classify(model, digit, mean, std, torch.device("cpu")).argmax())
+            with torch.inference_mode():
+                naive = int(model(naive_input(path, mean, std)).argmax())
+            right[name, "predict.py"].append((r["scenario"], guess == label))
+            right[name, "naive"].append((r["scenario"], naive == label))
+            if guess != label:
+                wrong.append(f"{name}: {r['file']} is {label}, predicted {guess}")
+    print(f"{len(rows)} pictures in {folder}/; each cell: predict.py / naive 28x28")
+    print("| scenario | pictures | " + " | ".join(name for name, _, _ in models) + " |")
+    print("|---|---|" + "---|" * len(models))
     for scenario in SCENARIOS + ["all"]:
-        chosen = [(p, int(r["label"])) for p, r in zip(paths, rows)
-                  if scenario in ("all", r["scenario"])]
-        if not chosen:
-            continue
-        ours = sum(predictions[p] == label for p, label in chosen) / len(chosen)
-        base = sum(naive[p] == label for p, label in chosen) / len(chosen)
-        name = f"**{scenario}**" if scenario == "all" else scenario
-        print(f"| {name} | {len(chosen)} | {ours:.1%} | {base:.1%} |")
+        cells = []
+        for name, _, _ in models:
+            rates = [sum(ok for s, ok in right[name, way] if scenario in ("all", s))
+                     / sum(1 for s, _ in right[name, way] if scenario in ("all", s))
+                     for way in ("predict.py", "naive")]
+            cells.append(f"{rates[0]:.1%} / {rates[1]:.1%}")
+        count = sum(1 for r in rows if scenario in ("all", r["scenario"]))
+        if count:
+            label = f"**{scenario}**" if scenario == "all" else scenario
+            print(f"| {label} | {count} | " + " | ".join(cells) + " |")
+    print(f"\npictures with a no-digit warning: {len(warned)}", *warned[:20], sep="\n")
     if args.errors:
-        for p, r in zip(paths, rows):
-            if predictions[p] != int(r["label"]):
-                print(f"wrong: {p} is {r['label']}, predicted {predictions[p]}")
+        print(*wrong, sep="\n")
+
+
+def speed(args) -> None:
+    """Time predict.py's preprocessing of a 4000 x 3000 photo, and its memory on 100 MP."""
+    with tempfile.TemporaryDirectory() as tmp:
+        photo = Path(tmp) / "photo.jpg"
+        img = Image.new("RGB", (4000, 3000), (232, 228, 218))
+        ImageDraw.Draw(img).text((2300, 1200), "7", fill=(30, 30, 40), anchor="mm",
+                                 font=ImageFont.load_default(size=700))
+        img.save(photo, quality=90)
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            predict.preprocess(predict.load_gray(photo))
+            times.append(time.perf_counter() - start)
+        print(f"4000 x 3000 JPEG photo: read + preprocess, median of 5: "
+              f"{sorted(times)[2]:.3f} s")
+        huge = Path(tmp) / "huge.png"
+        Image.new("RGB", (10000, 10000), (240, 240, 240)).save(huge, compress_level=1)
+        ## Peak memory of a whole predict.py run, including PyTorch itself, in its own process.
+        proc = subprocess.Popen([sys.executable, str(REPO / "predict.py"), "--checkpoint",
+                                 args.checkpoint, str(huge)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        _, _, usage = os.wait4(proc.pid, 0)
+        print(f"10000 x 10000 RGB PNG (100 MP): predict.py peak memory "
+              f"{usage.ru_maxrss / 1024:.0f} MB")
+
+
+def figure(args) -> None:
+    """A picture for the README: a few generated photos beside what predict.py made of them."""
+    folder = Path(args.images)
+    with open(folder / "labels.csv") as f:
+        rows = list(csv.DictReader(f))
+    chosen = [next(r for r in rows if r["scenario"] == s) for s in args.scenarios]
+    tiles = []
+    for r in chosen:
+        gray = predict.load_gray(folder / r["file"])
+        digit, _ = predict.preprocess(gray)
+        photo = F.interpolate(gray[None, None], size=(112, 112), mode="area")[0]
+        seen = F.interpolate(digit[None, None], size=(112, 112), mode="nearest")[0]
+        tiles += [photo, seen]
+    grid = make_grid(torch.stack(tiles), nrow=len(chosen) * 2, padding=4, pad_value=0.5)
+    save_image(grid, args.out)
+    print(f"wrote {args.out}: {', '.join(r['file'] for r in chosen)}, each beside the 28x28 "
+          "image predict.py made of it")
 
 
 def main() -> None:
@@ -325,13 +386,20 @@ def main() -> None:
     m.add_argument("--data-dir", default="./data")
     m.add_argument("--out", default="realistic")
     m.add_argument("--per-scenario", type=int, default=100,
-                   help="pictures per scenario (13 scenarios)")
-    s = commands.add_parser("score", help="classify them with predict.py and report accuracy")
+                   help=f"pictures per scenario ({len(SCENARIOS)} scenarios)")
+    s = commands.add_parser("score", help="classify them and report accuracy per scenario")
     s.add_argument("--images", default="realistic")
-    s.add_argument("--checkpoint", default="checkpoints/mnist_mlp.pt")
+    s.add_argument("--checkpoint", nargs="+", default=["checkpoints/mnist_mlp.pt"])
     s.add_argument("--errors", action="store_true", help="list the misclassified pictures")
+    t = commands.add_parser("speed", help="time a big photo, and memory on a huge picture")
+    t.add_argument("--checkpoint", default="checkpoints/mnist_mlp.pt")
+    g = commands.add_parser("figure", help="draw the README's 'what the model sees' picture")
+    g.add_argument("--images", default="realistic")
+    g.add_argument("--out", default="docs/what_the_model_sees.png")
+    g.add_argument("--scenarios", nargs="+",
+                   default=["photo", "ballpoint", "shadow", "grid", "margin", "small"])
     args = parser.parse_args()
-    make(args) if args.command == "make" else score(args)
+    {"make": make, "score": score, "speed": speed, "figure": figure}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -495,3 +495,18 @@ def test_a_bad_save_input_folder_is_refused_before_any_picture(trained_checkpoin
     out, err = capsys.readouterr()
     assert f"--save-input {tmp_path / 'file'}: {tmp_path / 'file'} exists and is not a folder" \
         in err and out == ""
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "P", "I;16", "L"])
+def test_a_huge_picture_is_reduced_as_it_is_read_and_keeps_its_digit(tmp_path, monkeypatch,
+                                                                       mode):
+    ## MAX_PIXELS made tiny, so that a 300 x 220 picture counts as huge: it is reduced 3x in
+    ## strips, in whatever mode it comes, and reads as the full-size picture does.
+    path = save_in_mode(tmp_path, mode)
+    full = predict.load_gray(path)
+    monkeypatch.setattr(predict, "MAX_PIXELS", 8_000)
+    reduced = predict.load_gray(path)
+    assert reduced.shape == (220 // 3, 300 // 3)
+    expected = F.avg_pool2d(full[None, None, :219, :300], 3)[0, 0]  # 3x3 block averages
+    assert (reduced - expected).abs().max() < 0.02
+    assert (digit_of(reduced) - reference_digit()).abs().mean() < 0.05
