@@ -18,6 +18,7 @@ initialisation, learning-rate warmup followed by cosine decay, and gradient clip
 
 import argparse
 import math
+import sys
 
 import torch
 from torch import nn
@@ -93,7 +94,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps, xpu")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    for name in ("epochs", "batch_size", "lr", "samples", "input_dim", "hidden_dim"):
+    for name in ("epochs", "batch_size", "lr", "clip_grad", "samples", "input_dim", "hidden_dim"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')} must be greater than 0")
     if args.num_classes < 2:
@@ -149,4 +150,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except FloatingPointError as err:  # the loss became NaN or inf: say so in one line
+        sys.exit(f"error: {err} With this script: a lower --lr, or a smaller --clip-grad.")

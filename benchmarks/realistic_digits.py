@@ -47,7 +47,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw, ImageFont, ImageOps
+from torchvision.transforms.v2.functional import pil_to_tensor
 from torchvision.utils import make_grid, save_image
 
 REPO = Path(__file__).resolve().parent.parent
@@ -368,12 +369,12 @@ def figure(args) -> None:
     chosen = [next(r for r in rows if r["scenario"] == s) for s in args.scenarios]
     tiles = []
     for r in chosen:
-        gray = predict.load_gray(folder / r["file"])
-        digit, _ = predict.preprocess(gray)
-        photo = F.interpolate(gray[None, None], size=(112, 112), mode="area")[0]
-        seen = F.interpolate(digit[None, None], size=(112, 112), mode="nearest")[0]
-        tiles += [photo, seen]
-    grid = make_grid(torch.stack(tiles), nrow=len(chosen) * 2, padding=4, pad_value=0.5)
+        photo = ImageOps.pad(Image.open(folder / r["file"]).convert("RGB"), (112, 112),
+                             color=(128, 128, 128))  # the whole picture, as it is
+        digit, _ = predict.preprocess(predict.load_gray(folder / r["file"]))
+        tiles.append(pil_to_tensor(photo).float() / 255)
+        tiles.append(F.interpolate(digit[None, None], size=(112, 112))[0].expand(3, -1, -1))
+    grid = make_grid(torch.stack(tiles), nrow=6, padding=4, pad_value=0.5)
     save_image(grid, args.out)
     print(f"wrote {args.out}: {', '.join(r['file'] for r in chosen)}, each beside the 28x28 "
           "image predict.py made of it")

@@ -43,3 +43,17 @@ def test_training_lowers_the_loss_and_raises_accuracy_with_warmup_then_cosine(mo
     assert losses[-1] < 0.7 * losses[0] and accs[-1] > accs[0] + 0.1 and accs[-1] > 0.75
     assert lrs[0] == pytest.approx(1e-3)  # end of warmup: the peak learning rate
     assert lrs[0] > lrs[2] > lrs[4] > lrs[5] and lrs[5] < 1e-5  # cosine decay towards zero
+
+
+def test_a_diverging_run_ends_with_one_line_and_exit_code_1():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "synthetic_train.py", "--lr", "1e30", "--clip-grad",
+                           "1e30", "--epochs", "1", "--samples", "256"],
+                          cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: the training loss became nan in epoch 1")
+    assert len(proc.stderr.strip().splitlines()) == 1 and "--lr" in proc.stderr
