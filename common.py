@@ -10,8 +10,9 @@
 
 The first half is the lesson: seeding, the device, the models, the training loop, checkpoints.
 set_seed, get_device, MLP, CNN, train_one_epoch and evaluate each work when pasted alone into a
-file that imports only the standard library and torch. The checkpoint functions need the
-helpers around them (copy the "checkpoints" section together with write_atomically).
+file that imports only the standard library (math, random, collections.abc) and torch. The
+checkpoint functions lean on each other and on the "writing files safely" section: copy both
+sections whole, or call torch.save and torch.load(weights_only=True) yourself.
 
 The second half is plumbing that the scripts share and a reader can skip: reading the MNIST
 files, batches cut from tensors in memory, writing files safely, and torchrun.
@@ -72,9 +73,10 @@ def get_device(name: str = "auto") -> torch.device:
     if found is None or found.type != device.type:
         hint = ""
         if device.type == "cuda":  # the two usual causes: a CPU-only wheel, or no driver
-            build = "a CPU-only build" if torch.version.cuda is None else "built with CUDA"
-            hint = (f" This PyTorch ({torch.__version__}) is {build}; `nvidia-smi` shows "
-                    "whether a driver and a GPU are visible.")
+            build = ("built for ROCm" if torch.version.hip else "built for CUDA"
+                     if torch.version.cuda else "a CPU-only build")
+            hint = (f" This PyTorch ({torch.__version__}) is {build}; `nvidia-smi` (or "
+                    "`rocm-smi`) shows whether a driver and a GPU are visible.")
         raise ValueError(f"device {name!r} is not available here (accelerator found: "
                          f"{found.type if found else 'none'}); use 'cpu' or 'auto'.{hint}")
     if device.index is not None and device.index >= torch.accelerator.device_count():
@@ -87,8 +89,9 @@ def get_device(name: str = "auto") -> torch.device:
 # models
 ## A model is an nn.Module: layers with weights are created in __init__, which registers their
 ## parameters (model.parameters() finds them, model.to(device) moves them); forward() says how
-## data flows through them. PyTorch initialises each layer's weights when it is built
-## (Kaiming-uniform for Linear and Conv2d, which suits ReLU networks). Neither model ends in a
+## data flows through them. PyTorch initialises each layer's weights as it is built, uniformly
+## within +-1/sqrt(inputs per unit), which works well for small networks like these
+## (synthetic_train.py shows how to choose an initialisation yourself). Neither model ends in a
 ## softmax: nn.CrossEntropyLoss applies log-softmax itself, and a second softmax would squash
 ## the logits and slow learning.
 
@@ -104,7 +107,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.flatten(1)  # [batch, 1, 28, 28] -> [batch, 784]: an MLP sees a flat vector
-        x = torch.relu(self.fc1(x))  # relu has no weights, so a function call is enough
+        x = torch.relu(self.fc1(x))  # no weights, same in training and eval: a function will do
         x = torch.relu(self.fc2(x))
         return self.fc3(x)  # raw scores (logits), one per class
 
@@ -151,20 +154,20 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
                     scaler: torch.amp.GradScaler | None = None, clip_grad: float | None = None,
                     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
                     log: Callable[[str], None] | None = print) -> float:
-    """Train for one pass over `loader`; return the average loss per sample."""
+    """Train for one pass over `loader` (a DataLoader, say); return the mean loss per sample."""
     device = torch.device(device)
     model.train()  # Dropout and BatchNorm behave as in training; evaluate() switches them back
-    scaler = scaler or torch.amp.GradScaler(device.type, enabled=False)  # disabled: passes through
-    total, seen, logged = torch.zeros((), device=device), 0, (0.0, 0)  # loss sum on the device
+    scaler = scaler or torch.amp.GradScaler(device.type, enabled=False)  # float16 only; see 4.
+    total, seen, logged = torch.zeros((), device=device), 0, (0.0, 0)  # sums: now, at last log
     for batch, (inputs, targets) in enumerate(loader, start=1):
         inputs, targets = inputs.to(device), targets.to(device)  # no copy if already there
         ## 1. Clear the old gradients: backward() *adds* to .grad, it does not overwrite it.
         optimizer.zero_grad(set_to_none=True)
-        ## 2-3. Forward pass and loss. autocast (AMP) runs matmuls in bfloat16 or float16 where
-        ##      that is safe; with amp_dtype=None it does nothing.
+        ## 2-3. Forward pass and loss; with amp_dtype, autocast runs matmuls in 16 bits (AMP).
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             loss = criterion(model(inputs), targets)
-        ## 4. Backward: fill each .grad with d(loss)/d(parameter) (float16: of the scaled loss).
+        ## 4. Backward: fill each .grad with d(loss)/d(parameter). Without float16 this is just
+        ##    loss.backward(): a disabled scaler passes the loss through unchanged.
         scaler.scale(loss).backward()
         ## 5. Optional: shrink all gradients if their joint norm exceeds clip_grad (spike guard).
         if clip_grad is not None:
@@ -172,14 +175,14 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
             nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
         ## 6. Update the weights. In another order (step before backward, zero in between) no
         ##    error is raised: the model just never learns. That is why the order matters.
-        scaler.step(optimizer)  # optimizer.step(), unless float16 gradients overflowed
+        scaler.step(optimizer)  # optimizer.step() (float16: skipped if gradients overflowed)
         scaler.update()
         if scheduler is not None:
             scheduler.step()  # a per-batch learning-rate schedule, such as warmup + cosine
-        ## Per sample, as the last batch may be short; detach() lets each batch's graph be freed.
+        ## The batch's mean loss x its size: a per-sample sum. detach() lets each graph be freed.
         total += loss.detach() * len(targets)
         seen += len(targets)
-        if log is not None and batch % log_interval == 0:  # .item() waits for the GPU: rarely
+        if log is not None and batch % log_interval == 0:  # .item() makes the CPU wait for GPU
             interval = (total.item() - logged[0]) / (seen - logged[1])
             log(f"Epoch {epoch} | Batch {batch}/{len(loader)} | Loss {interval:.4f}")
             logged = (total.item(), seen)
@@ -230,14 +233,15 @@ class CheckpointError(ValueError):
 def save_checkpoint(path: str | Path, model: nn.Module, *, model_name: str, mean: float,
                     std: float, epoch: int, val_accuracy: float) -> None:
     """Write the model and what is needed to rebuild and use it to `path`, atomically."""
-    ## Unwrap DistributedDataParallel (.module) and torch.compile (._orig_mod): their state_dict
-    ## keys carry a prefix that a plain model would not recognise.
-    model = getattr(model, "module", model)
+    ## Unwrap DistributedDataParallel (.module) and `torch.compile(model)` (._orig_mod): their
+    ## state_dict keys carry a prefix that a plain model would not recognise.
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        model = model.module
     model = getattr(model, "_orig_mod", model)
     checkpoint = {"model_name": model_name, "state_dict": model.state_dict(), "mean": float(mean),
                   "std": float(std), "epoch": int(epoch), "val_accuracy": float(val_accuracy)}
     buffer = io.BytesIO()
-    torch.save(checkpoint, buffer)  # in memory first: a failed write then raises a plain OSError
+    torch.save(checkpoint, buffer)  # in memory first: a full disk is then an OSError we can name
     write_atomically(path, buffer.getvalue())  # the old file stays whole if this fails
 
 
@@ -432,7 +436,7 @@ class TensorLoader:
         if self.world_size > 1:
             if self.shuffle:  # training: wrap around so that all ranks get as many batches
                 order = torch.cat([order, order[: -n % self.world_size]])
-            order = order[self.rank :: self.world_size]  # evaluation: no padding, exact metrics
+            order = order[self.rank :: self.world_size]  # unshuffled (evaluation): no padding
         return order
 
     def __len__(self) -> int:  # batches per epoch on this rank
@@ -537,9 +541,10 @@ def write_atomically(path: str | Path, data: bytes) -> None:
 # distributed training
 ## `torchrun --nproc_per_node=N script.py` starts N copies of the script. Each copy is a "rank"
 ## (0..N-1) and finds its number in environment variables that torchrun sets. Every rank holds a
-## full copy of the model and trains on its own slice of each batch; DistributedDataParallel
-## averages the gradients across ranks during backward(), so all copies take the same step and
-## stay identical. Without torchrun none of this runs: world_size is 1 and nothing is initialised.
+## full copy of the model and takes its own batches, a different share of the data;
+## DistributedDataParallel (DDP) averages the gradients across ranks during backward(), so all
+## copies take the same step and stay identical. Without torchrun none of this runs: world_size
+## is 1 and nothing is initialised.
 
 
 def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:

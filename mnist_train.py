@@ -5,21 +5,25 @@
     python mnist_train.py --dry-run                # one batch of each phase, to check the script
     python predict.py my_digit.png                 # then classify your own picture
 
-What you should see (the MLP, on a 2-core CPU: about 7 s in all):
+What you should see (the MLP; about 7 s in all on a 2-core CPU, see the README):
 
     PyTorch 2.14.1 | device cpu | mlp with 109,386 parameters | 55,000 train / 5,000 val / ...
     ...
     Epoch 1 | Batch 200/860 | Loss 0.5262
     ...
-    epoch 1/5 | train loss 0.2850 | val loss 0.1802 | val acc 0.9422 | 0.6 s | saved best
+    epoch 1/5 | train loss 0.2850 | val loss 0.1802 | val acc 0.9422 | 0.7 s | saved best
     ...
     Test Accuracy: 0.9748 (9748/10000)
+    confusion matrix of the best model on the test set (rows: true digit, columns: predicted ...
+    ...
+    the first 64 of 252 mistakes, as pictures: checkpoints/mnist_mlp_mistakes.png
 
 train() below is the lesson: 1. data -> 2. model -> 3. loss -> 4. optimizer -> 5. training loop
 -> 6. final test. The best epoch is chosen on a validation split held out from the training
 images; the test set is used once, at the end, so its accuracy is an honest estimate. The
 helpers after train() hold the optional machinery (torchrun, compile, deterministic mode, the
-CSV and TensorBoard logs, Ctrl-C); the lesson reads without them.
+CSV and TensorBoard logs, Ctrl-C); the lesson reads without them. The command-line settings
+come last (`python mnist_train.py --help` lists them).
 """
 
 import argparse
@@ -45,60 +49,6 @@ from torchvision.utils import make_grid, save_image
 import common
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    # training
-    parser.add_argument("--epochs", type=positive(int), default=5, help="passes over the data")
-    parser.add_argument("--batch-size", type=positive(int), default=64,
-                        help="images per training step; if you raise it, raise --lr too")
-    parser.add_argument("--test-batch-size", type=positive(int), default=1000,
-                        help="images per evaluation batch (no gradients, so it can be large)")
-    parser.add_argument("--lr", type=positive(float), default=1e-3,
-                        help="learning rate; if the loss turns NaN, divide it by 10")
-    parser.add_argument("--optimizer", choices=["adam", "sgd"], default="adam",
-                        help="adam converges with little tuning; sgd has momentum 0.9 "
-                             "(try --lr 0.01)")
-    parser.add_argument("--model", choices=sorted(common.MODELS), default="mlp")
-    parser.add_argument("--augment", action="store_true",
-                        help="random tilt, scale, shift and stroke width on each training batch: "
-                             "better on people's own pictures (see predict.py)")
-    parser.add_argument("--clip-grad", type=positive(float), default=None, metavar="MAX_NORM",
-                        help="clip the gradient norm to this value (try 1.0 if the loss spikes)")
-    # data
-    parser.add_argument("--data-dir", default="./data", help="MNIST goes in DATA_DIR/MNIST/raw/")
-    parser.add_argument("--val-size", type=positive(int), default=5000,
-                        help="training images held out to pick the best epoch")
-    parser.add_argument("--subset", type=positive(int), default=None, metavar="N",
-                        help="train on only N images: a working loop can drive their loss to ~0")
-    parser.add_argument("--loader", choices=["memory", "dataloader"], default="memory",
-                        help="memory: batches cut from tensors decoded once (fast); dataloader: "
-                             "the classic per-sample Dataset + DataLoader pipeline")
-    parser.add_argument("--num-workers", type=int, default=0,
-                        help="DataLoader worker processes (only with --loader dataloader)")
-    # system
-    parser.add_argument("--device", type=device_type, default="auto",
-                        help="auto, cpu, cuda, cuda:1, mps, xpu")
-    parser.add_argument("--amp", nargs="?", const="auto", choices=["auto", "bf16", "fp16"],
-                        default=None, help="mixed precision: bf16, or fp16 with a GradScaler "
-                        "(auto: bf16 on CPUs and on GPUs that support it, else fp16)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
-    parser.add_argument("--seed", type=int, default=42, help="same seed, same run")
-    parser.add_argument("--deterministic", action="store_true",
-                        help="bit-identical runs on a GPU too, at some cost in speed")
-    # output
-    parser.add_argument("--save-path", type=Path, default=None,
-                        help="best checkpoint (default: checkpoints/mnist_<model>.pt, or "
-                             "dry_run_<model>.pt); per-epoch metrics go next to it as .csv")
-    parser.add_argument("--log-interval", type=positive(int), default=200,
-                        help="print the training loss every N batches")
-    parser.add_argument("--tensorboard", metavar="DIR", default=None,
-                        help="also write TensorBoard logs to DIR (pip install tensorboard)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="one batch of train, validation and test, then stop (for CI)")
-    return parser
-
-
 def train(args: argparse.Namespace) -> None:
     """The lesson: data -> model -> loss -> optimizer -> training loop -> final test."""
     rank, world, device = setup_system(args)  # torchrun, seeding, deterministic mode, TF32
@@ -120,20 +70,22 @@ def train(args: argparse.Namespace) -> None:
     del images  # the loaders hold what they need (test_images stay for the mistakes picture)
 
     # 2. model ---------------------------------------------------------------------------------
-    model = common.build_model(args.model).to(device)  # PyTorch's default init suits ReLU layers
+    model = common.build_model(args.model).to(device)  # weights initialised as it is built
 
     # 3. loss ----------------------------------------------------------------------------------
     criterion = nn.CrossEntropyLoss()  # log-softmax + negative log-likelihood, on raw logits
 
     # 4. optimizer -----------------------------------------------------------------------------
-    optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr, device)
+    optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr, device)  # Adam
     ## float16 has a narrow range: a GradScaler multiplies the loss before backward() so that
     ## small gradients do not round to zero, then divides them back before the step.
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
 
     if main_process:
         sanity_report(args.model, model, val_loader, criterion, device, [len(s) for s in splits])
-    train_model = prepare_for_training(model, args.compile, world, device)  # compile, DDP
+    ## `model` is what we evaluate and save; `train_model` is the same model, wrapped in DDP
+    ## under torchrun so that backward() also averages gradients across processes.
+    train_model = prepare_for_training(model, args.compile, world, device)
 
     # 5. training loop -------------------------------------------------------------------------
     epochs = 1 if args.dry_run else args.epochs
@@ -167,12 +119,13 @@ def train(args: argparse.Namespace) -> None:
                     record_history(csv_path, history, writer)
                 print(f"epoch {epoch}/{epochs} | train loss {train_loss:.4f} | val loss "
                       f"{val_loss:.4f} | val acc {val_acc:.4f} | {seconds:.1f} s"
-                      + " | saved best" * saved)
+                      + (" | saved best" if saved else ""))
 
     # 6. final test ----------------------------------------------------------------------------
     ## The best model, reloaded from disk (which also proves the checkpoint loads), on test
-    ## images that played no part in choosing it. Rank 0 tests on the whole test set. Beyond
-    ## one number: which digits it confuses, and a picture of its mistakes.
+    ## images that played no part in choosing it. Rank 0 tests on the whole test set. One pass
+    ## gives every guess; from them come the accuracy, which digits the model confuses, and a
+    ## picture of its mistakes.
     if main_process:
         best_model, _ = common.load_model(save_path, device)
         guesses, truth = predict_all(best_model, test_loader, device, amp_dtype)
@@ -186,13 +139,15 @@ def train(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The helpers train() calls, in the order it calls them.
+# The helpers train() calls, in the order it first calls them.
 
 
 def setup_system(args: argparse.Namespace) -> tuple[int, int, torch.device]:
     """Join torchrun's processes (if any), seed, and set deterministic mode and TF32."""
     rank, world, device = common.init_distributed(args.device)  # (0, 1, device) without torchrun
-    common.set_seed(args.seed + rank)  # ranks differ in dropout; DDP gives all rank 0's weights
+    ## Seeds weight initialisation and dropout; the loaders shuffle with their own generators,
+    ## seeded from --seed too. Under torchrun, DDP copies rank 0's weights to the other ranks.
+    common.set_seed(args.seed + rank)
     if args.deterministic:
         make_deterministic()
     if device.type == "cuda":
@@ -253,6 +208,11 @@ def check_outputs(save_path: Path, csv_path: Path, tensorboard: str | None,
             raise UsageError(f"--tensorboard {tensorboard}: {problem}")
 
 
+def mistakes_path(save_path: Path) -> Path:
+    """checkpoints/mnist_mlp.pt -> checkpoints/mnist_mlp_mistakes.png"""
+    return save_path.with_name(f"{save_path.stem}_mistakes.png")
+
+
 def choose_splits(args: argparse.Namespace, n_train: int, n_test: int,
                   world: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Indices of the training, validation and test images, after --subset and --dry-run."""
@@ -306,7 +266,7 @@ def make_loaders(args, images, labels, test_images, test_labels, splits, device,
     train_set = datasets.MNIST(args.data_dir, train=True, transform=transform)
     test_set = datasets.MNIST(args.data_dir, train=False, transform=transform)
     options = dict(num_workers=args.num_workers, persistent_workers=args.num_workers > 0,
-                   pin_memory=device.type == "cuda")  # page-locked memory: faster, async copies
+                   pin_memory=device.type == "cuda")  # page-locked memory: faster GPU copies
     train_subset = Subset(train_set, train_idx.tolist())
     ## DistributedSampler gives each rank its 1/world of every epoch's shuffled order (all of it
     ## when world is 1); its set_epoch() makes the new order each epoch.
@@ -332,8 +292,8 @@ def augment(images: torch.Tensor) -> torch.Tensor:
     """Randomly tilt, scale, shift, and thicken or thin the digits of a normalised batch."""
     ## Digits in people's pictures lean, sit a little off-centre after cropping, and come from
     ## thinner or thicker pens than MNIST's. Training on such variations makes the model robust
-    ## to them. One affine warp for the whole batch (a different matrix per image) costs little
-    ## next to the training step, and runs wherever the batch lives, GPU included.
+    ## to them. One call warps the whole batch, each image with its own random matrix: that
+    ## costs little next to the training step, and runs wherever the batch lives, GPU included.
     n, device = images.shape[0], images.device
 
     def uniform(limit):  # n random numbers in [-limit, limit]
@@ -425,17 +385,34 @@ def reduce_metrics(train_loss: float, val_loss: float, val_acc: float, val_count
     """Turn this rank's numbers into whole-dataset ones (unchanged in a plain run)."""
     if world == 1:
         return train_loss, val_loss, val_acc
-    ## Training shards are padded to equal sizes, so the mean of the ranks' means is exact.
-    ## Validation shards differ by up to one image: sum the totals, then divide once.
+    ## Training shards are padded to equal sizes (a few images count twice), so the training
+    ## loss is the mean of the ranks' means. Validation shards are not padded and differ by up
+    ## to one image: sum the totals over ranks, then divide once, for the exact numbers.
     train_sum, loss_sum, correct, total = common.all_reduce_sum(
         [train_loss, val_loss * val_count, val_acc * val_count, val_count], device)
     return train_sum / world, loss_sum / total, correct / total
 
 
+@contextlib.contextmanager
+def interrupts_deferred():
+    """Hold back Ctrl-C and SIGTERM until the block has finished, then raise KeyboardInterrupt."""
+    received = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        raise KeyboardInterrupt
+
+
 def record_history(csv_path: Path, history: list[list], writer) -> None:
     """Rewrite the per-epoch CSV (atomically, like the checkpoint) and log to TensorBoard."""
-    ## The whole file is written again each epoch, so a new run leaves the previous run's CSV
-    ## alone until it has saved its own first checkpoint: the two always belong together.
+    ## The whole file is rewritten each epoch, atomically, right after the checkpoint. A new run
+    ## therefore leaves the previous run's CSV in place until it has saved its own first
+    ## checkpoint: the checkpoint and its CSV always come from the same run.
     text = io.StringIO()
     rows = csv.writer(text)
     rows.writerow(["epoch", "train_loss", "val_loss", "val_accuracy", "seconds", "saved"])
@@ -483,11 +460,6 @@ def format_confusion_matrix(counts: torch.Tensor) -> str:
     return "\n".join(lines)
 
 
-def mistakes_path(save_path: Path) -> Path:
-    """checkpoints/mnist_mlp.pt -> checkpoints/mnist_mlp_mistakes.png"""
-    return save_path.with_name(f"{save_path.stem}_mistakes.png")
-
-
 def report_mistakes(path: Path, images: torch.Tensor, guesses: torch.Tensor,
                     truth: torch.Tensor, dry_run: bool, limit: int = 64) -> None:
     """Save a labelled grid of the first `limit` misclassified images, and say where."""
@@ -520,11 +492,62 @@ def write_png(path: Path, image: torch.Tensor) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# command line
+# The command line: the settings, their checks, and how errors and Ctrl-C end a run.
 
 
-class UsageError(Exception):
-    """A bad command-line argument found after parsing; reported by argparse, exit code 2."""
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # training
+    parser.add_argument("--epochs", type=positive(int), default=5, help="passes over the data")
+    parser.add_argument("--batch-size", type=positive(int), default=64,
+                        help="images per training step; if you raise it, raise --lr too")
+    parser.add_argument("--test-batch-size", type=positive(int), default=1000,
+                        help="images per evaluation batch (no gradients, so it can be large)")
+    parser.add_argument("--lr", type=positive(float), default=1e-3,
+                        help="learning rate; if the loss turns NaN, divide it by 10")
+    parser.add_argument("--optimizer", choices=["adam", "sgd"], default="adam",
+                        help="adam converges with little tuning; sgd has momentum 0.9 "
+                             "(try --lr 0.01)")
+    parser.add_argument("--model", choices=sorted(common.MODELS), default="mlp")
+    parser.add_argument("--augment", action="store_true",
+                        help="random tilt, scale, shift and stroke width on each training batch: "
+                             "better on people's own pictures (see predict.py)")
+    parser.add_argument("--clip-grad", type=positive(float), default=None, metavar="MAX_NORM",
+                        help="clip the gradient norm to this value (try 1.0 if the loss spikes)")
+    # data
+    parser.add_argument("--data-dir", default="./data", help="MNIST goes in DATA_DIR/MNIST/raw/")
+    parser.add_argument("--val-size", type=positive(int), default=5000,
+                        help="training images held out to pick the best epoch")
+    parser.add_argument("--subset", type=positive(int), default=None, metavar="N",
+                        help="train on only N images: a working loop can drive their loss to ~0")
+    parser.add_argument("--loader", choices=["memory", "dataloader"], default="memory",
+                        help="memory: batches cut from tensors decoded once (fast); dataloader: "
+                             "the classic per-sample Dataset + DataLoader pipeline")
+    parser.add_argument("--num-workers", type=int, default=0,
+                        help="DataLoader worker processes (only with --loader dataloader)")
+    # system
+    parser.add_argument("--device", type=device_type, default="auto",
+                        help="auto, cpu, cuda, cuda:1, mps, xpu")
+    parser.add_argument("--amp", nargs="?", const="auto", choices=["auto", "bf16", "fp16"],
+                        default=None, help="mixed precision: bf16, or fp16 with a GradScaler "
+                        "(auto: bf16 on CPUs and on GPUs that support it, else fp16)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--seed", type=int, default=42,
+                        help="same seed, same run (bit for bit on a CPU; GPUs: --deterministic)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="bit-identical runs on a GPU too, at some cost in speed")
+    # output
+    parser.add_argument("--save-path", type=Path, default=None,
+                        help="best checkpoint (default: checkpoints/mnist_<model>.pt, or "
+                             "dry_run_<model>.pt); per-epoch metrics go next to it as .csv")
+    parser.add_argument("--log-interval", type=positive(int), default=200,
+                        help="print the training loss every N batches")
+    parser.add_argument("--tensorboard", metavar="DIR", default=None,
+                        help="also write TensorBoard logs to DIR (pip install tensorboard)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="one batch of train, validation and test, then stop (for CI)")
+    return parser
 
 
 def positive(kind):
@@ -548,6 +571,10 @@ def device_type(name: str) -> torch.device:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+class UsageError(Exception):
+    """A bad command-line argument found after parsing; reported by argparse, exit code 2."""
+
+
 @contextlib.contextmanager
 def sigterm_as_ctrl_c():
     """Make SIGTERM (`kill`, a job scheduler) raise KeyboardInterrupt, as Ctrl-C does."""
@@ -563,21 +590,6 @@ def sigterm_as_ctrl_c():
     finally:
         signal.signal(signal.SIGINT, previous[0])
         signal.signal(signal.SIGTERM, previous[1])
-
-
-@contextlib.contextmanager
-def interrupts_deferred():
-    """Hold back Ctrl-C and SIGTERM until the block has finished, then raise KeyboardInterrupt."""
-    received = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if received:
-        raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:

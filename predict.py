@@ -31,10 +31,16 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 import common
 
+## The settings of the clean-up, in one place.
 Image.MAX_IMAGE_PIXELS = 120_000_000  # above this, refuse: a "decompression bomb" would eat RAM
-## Bigger pictures are reduced to this many pixels as they are read. That is 5000 x 5000, more
-## than any digit needs, and it keeps the memory for a 100-megapixel picture well under 1 GB.
-MAX_PIXELS = 25_000_000
+MAX_PIXELS = 25_000_000  # bigger pictures are reduced to this as they are read (memory)
+OVERVIEW = 640  # the digit is looked for on a copy at most this many pixels across...
+DIGIT_BOX = 80  # ...then cut out and scaled so its long side is this: MNIST's 20-px box, 4x
+MIN_CONTRAST = 0.08  # ink differs from the paper by this much (0..1) at the least
+## MNIST's digits are about 20 px tall, and its least-inked one, a thin "1", covers 19 pixels:
+## one pixel wide, full height. What makes a digit is its span, then, and a digit can still be
+## read at a third of MNIST's height. Ink that spans fewer pixels than this is a speck.
+SPECK_EXTENT = 6
 
 
 class ImageProblem(Exception):
@@ -95,29 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("images", nargs="+", type=Path, help="image files (PNG, JPEG, ...)")
-    parser.add_argument("--checkpoint", type=Path, default=Path("checkpoints/mnist_mlp.pt"),
-                        help="a checkpoint written by mnist_train.py")
-    parser.add_argument("--top-k", type=top_k, default=1, help="also show the next K-1 guesses")
-    parser.add_argument("--json", action="store_true", help="print a JSON list instead")
-    parser.add_argument("--save-input", type=Path, metavar="DIR", default=None,
-                        help="save the 28x28 image the model saw for each input into DIR")
-    parser.add_argument("--device", default="cpu", help="cpu is plenty for a few images")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the full traceback when a picture fails unexpectedly")
-    return parser
-
-
-def top_k(text: str) -> int:
-    """argparse type: an int from 1 to 10."""
-    if not text.isdigit() or not 1 <= int(text) <= 10:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 10, got {text!r}")
-    return int(text)
-
-
 def classify(model: torch.nn.Module, digit: torch.Tensor, mean: float, std: float,
              device: torch.device) -> torch.Tensor:
     """The model's probability for each digit 0..9, given one 28 x 28 image (0..1)."""
@@ -129,15 +112,7 @@ def classify(model: torch.nn.Module, digit: torch.Tensor, mean: float, std: floa
     return torch.softmax(logits, dim=1)[0].float().cpu()  # scores -> probabilities summing to 1
 
 
-def save_input(path: Path, digit: torch.Tensor) -> None:
-    """Save the 28 x 28 image the model saw as a PNG, atomically."""
-    pixels = (digit * 255).round().to(torch.uint8)
-    buffer = io.BytesIO()
-    Image.frombytes("L", (28, 28), bytes(pixels.flatten().tolist())).save(buffer, format="PNG")
-    common.write_atomically(path, buffer.getvalue())
-
-
-# reading a picture ------------------------------------------------------------------------
+# reading a picture ---------------------------------------------------------------------------
 def load_gray(path: Path) -> torch.Tensor:
     """Read any picture as a float tensor H x W in 0..1 (0 = black), upright, alpha on white."""
     if not path.exists():
@@ -150,8 +125,8 @@ def load_gray(path: Path) -> torch.Tensor:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(path)  # reads only the header: a bomb is refused before decoding
-            ## Memory: a JPEG decodes straight to gray, at a reduced size if it is huge; any
-            ## other huge picture is reduced right after decoding (see MAX_PIXELS).
+            ## draft() asks the JPEG decoder for gray, and for a smaller scale if the picture
+            ## is huge: far less memory. Other formats ignore it and are reduced below.
             factor = math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))
             img.draft("L", (img.width // factor, img.height // factor))
             img.load()
@@ -165,11 +140,12 @@ def load_gray(path: Path) -> torch.Tensor:
     if max(img.size) < SPECK_EXTENT:
         raise ImageProblem(f"is only {img.width} x {img.height} pixels: too small to hold a digit")
     if (factor := math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))) > 1:
-        img = reduce_in_strips(img, factor)
+        img = reduce_in_strips(img, factor)  # still huge: it was not a JPEG
     img = ImageOps.exif_transpose(img)  # phones store "rotate me" in EXIF instead of rotating
     if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit or float grayscale
         x = torch.frombuffer(bytearray(img.convert("F").tobytes()), dtype=torch.float32)
         x = x.view(img.height, img.width).nan_to_num(0.0)
+        ## Such files do not say their white level: 65535 (16 bit), 255 (8 bit) or 1 (float).
         return x / (65535.0 if x.max() > 255 else 255.0 if x.max() > 1 else 1.0)
     if img.mode in ("RGBA", "LA", "PA", "P") or "transparency" in img.info:
         ## Transparent pixels have arbitrary colour underneath (often black, like the ink).
@@ -183,10 +159,13 @@ def load_gray(path: Path) -> torch.Tensor:
 
 def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
     """Shrink a decoded picture `factor` times by averaging, a strip at a time, so that memory
-    holds the big picture and a small gray one, never a second big copy."""
-    ## Gray right away, unless the picture has transparency or more than 8 bits (see below).
-    mode = {"RGB": "L", "L": "L", "CMYK": "L", "YCbCr": "L", "F": "F"}.get(
-        img.mode, "I" if img.mode.startswith("I") else "RGBA")
+    holds the big picture and a small copy, never a second big one."""
+    ## The small copy is gray right away, except for pictures with transparency (kept as RGBA,
+    ## for load_gray to put on white) and for 16-bit or float pictures (kept at full depth).
+    if "transparency" in img.info or img.mode in ("RGBA", "LA", "PA", "P", "1"):
+        mode = "RGBA"
+    else:
+        mode = "F" if img.mode == "F" else "I" if img.mode.startswith("I") else "L"
     small = Image.new(mode, (img.width // factor, img.height // factor))
     rows = factor * 256
     for top in range(0, small.height * factor, rows):
@@ -195,17 +174,17 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
     return small
 
 
-# turning it into an MNIST digit ---------------------------------------------------------------
-## Each step below exists for a kind of picture people really send; the comments say which.
-## preprocess() runs them in this order: find the digit on a small copy of the picture, then
-## cut it out of the full-resolution picture and clean it up at a fixed size.
-
-OVERVIEW = 640  # the digit is looked for on a copy at most this many pixels across
-DIGIT_BOX = 80  # ... then cut out at full resolution and scaled so its long side is this
-MIN_CONTRAST = 0.08  # ink must differ from the paper by this much (0..1) at the least
-## MNIST draws digits about 20 px tall, and its thinnest, a "1", still covers 19 pixels. A
-## digit a third that size (7 px) can be read; ink that spans fewer pixels than this cannot.
-SPECK_EXTENT = 6
+# turning a picture into an MNIST digit -------------------------------------------------------
+## preprocess() runs the steps below in this order. Each exists for a kind of picture people
+## really send; the comments say which. A few terms from image processing:
+##   paper level    the brightness the paper would have under each pixel without ink; ink is
+##                  measured against it, so shadows, uneven light and coloured paper cancel out
+##   Otsu's method  the threshold that best splits a set of values into two groups (ink, paper)
+##   hysteresis     two thresholds: pixels above the high one are ink, and pixels above the low
+##                  one join them where they touch; a faint stretch of a stroke stays attached
+##   closing        max, then min, over neighbourhoods: dark gaps narrower than the
+##                  neighbourhood close, wider dark areas keep their shape
+##   components     the separate blobs of a mask: pixels that touch (8 neighbours) share one
 
 
 def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
@@ -224,11 +203,11 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     mask = digit_mask(ink_map(overview, dark_ink, paper_block(overview)))
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
-    ## 2. The same steps again on the digit alone, cut out of the full-resolution picture and
-    ##    scaled to DIGIT_BOX pixels: a small digit is enlarged before any threshold is chosen,
-    ##    so that its thin strokes and small loops survive.
+    ## 2. Ink and mask again, on the digit alone: cut out of the full-resolution picture and
+    ##    scaled to DIGIT_BOX pixels, so that a small digit is enlarged before any threshold is
+    ##    chosen and its thin strokes and small loops survive.
     crop, scale = cut_out(gray, mask, gray.shape[0] / overview.shape[0])
-    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)
+    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)  # blocks wider than a marker's stroke
     mask = digit_mask(ink)
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
@@ -269,7 +248,7 @@ def shrink(x: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def ink_polarity(x: torch.Tensor) -> tuple[bool, str | None]:
-    """Return (True if the ink is darker than the paper, a reason if there is no ink at all)."""
+    """Return (True if the ink is darker than the paper, None), or (True, why there is no ink)."""
     ## Dark ink on light paper, or a white-on-black drawing? Pixels that differ from the paper
     ## under them by far more than the paper's own grain are ink, and the ink lies on one side.
     ## With none on either side the picture is blank, or noise with nothing standing out.
@@ -283,7 +262,7 @@ def ink_polarity(x: torch.Tensor) -> tuple[bool, str | None]:
         return True, ("no digit found: no ink stands out from the paper's grain (noise, or a "
                       "picture too faint)")
     ## Paper is usually the lighter one: light ink needs the weight of evidence *and* a dark
-    ## picture, as in a white-on-black drawing or a blackboard.
+    ## picture with a dark border, as a white-on-black drawing or a blackboard has.
     border = torch.cat([x[0], x[-1], x[:, 0], x[:, -1]])
     return not (lighter > darker and x.median() < 0.5 and border.median() < 0.5), None
 
@@ -307,10 +286,11 @@ def paper_level(x: torch.Tensor, block: int, dark_ink: bool | None = None) -> to
         ## less than half of it, and each block also takes the median of its neighbours'.
         grid = neighbours(cells.median(dim=1).values.view(shape)).median(dim=-1).values
     else:
-        ## Dark ink: the paper is the bright part of each block, even in a block that a thick
-        ## stroke mostly covers. Then a "closing" on the grid of blocks: each takes the
-        ## brightest of its neighbours (which fills blocks inside a stroke), then the darkest
-        ## of those (which puts a shadow's edge back where it was).
+        ## The ink is dark now (light ink was turned into its negative above): the paper is the
+        ## bright part of each block, even in a block that a thick stroke mostly covers. Then a
+        ## "closing" on the grid of blocks: each takes the brightest of its neighbours (which
+        ## fills blocks inside a stroke), then the darkest of those (which puts the edge of a
+        ## shadow back where it was).
         grid = cells.quantile(0.9, dim=1).view(shape)
         grid = neighbours(neighbours(grid).amax(dim=-1)).amin(dim=-1)
     full = F.interpolate(grid[None, None], size=padded.shape, mode="bilinear",
@@ -328,6 +308,8 @@ def grain(x: torch.Tensor) -> float:
     """How much the paper varies from pixel to pixel: a robust standard deviation of its noise."""
     ## Differences between neighbouring pixels cancel slow changes of light; the edges of
     ## strokes are too few to move their median, however much of the picture the ink covers.
+    ## 1.4826 x a median of absolute values is a standard deviation (for normal noise), and
+    ## the difference of two pixels has sqrt(2) times the noise of one.
     steps = x.flatten().diff().abs()
     return 1.4826 * float(steps.median()) / math.sqrt(2) if steps.numel() else 0.0
 
@@ -384,7 +366,7 @@ def grow(seeds: torch.Tensor, allowed: torch.Tensor, steps: int = 64) -> torch.T
 
 
 def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
-    """Pixels of printed lines that cross the whole picture (squared or lined paper)."""
+    """Pixels of printed lines that run across the picture (squared or lined paper)."""
     ## A line is a long, straight, thin run of ink. A run at least 1/5 of the picture wide
     ## survives an "opening" (erode, then dilate, along the line); a slight tilt is tolerated by
     ## smearing the mask a pixel across it first. A digit's strokes are never this long *and*
@@ -459,7 +441,7 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     size = max(bottom[main] - top[main], right[main] - left[main]) + 1
     gap = torch.maximum(torch.maximum(top - bottom[main], top[main] - bottom),
                         torch.maximum(left - right[main], left[main] - right)).clamp(min=0)
-    touches = edges.amax(dim=0) > 0  # when the digit does not reach the border, what does
+    touches = edges.amax(dim=0) > 0  # pieces at the border go, unless the digit is there too
     keep = (gap <= size / 2) & (area >= 0.05 * area[main]) & ~(touches & ~touches[main])
     keep[0], keep[main] = False, True
     return mask & restore(keep[labels])
@@ -467,9 +449,10 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
 
 def components(mask: torch.Tensor) -> torch.Tensor:
     """Label 8-connected regions of a boolean mask: 0 = background, 1, 2, ... = regions."""
-    ## Every pixel starts with its own number and repeatedly takes the largest number among its
-    ## neighbours, until each region carries a single number. "Pointer jumping" speeds this up:
-    ## a pixel also copies the number held by the pixel its number points to.
+    ## Every pixel starts with its own number (its index + 1) and repeatedly takes the largest
+    ## number among its neighbours, until each region carries a single number. "Pointer
+    ## jumping" speeds this up: a pixel also copies the number held by the pixel whose index
+    ## its number is. (Floats: max-pooling needs them; they hold whole numbers exactly.)
     flat_mask = mask.flatten()
     labels = torch.arange(1, mask.numel() + 1, dtype=torch.float32) * flat_mask
     while True:
@@ -506,7 +489,7 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     ## adjusted in whole pixels, then shrink by averaging 4x4 blocks: that gives the soft,
     ## anti-aliased edges MNIST digits have. MNIST strokes are about 2.4 px wide in the 20-px
     ## box, so 9.5 px here. A mouse's 1-px line is thickened; a marker's stroke is thinned.
-    big = fit(digit, 80)
+    big = fit(digit, DIGIT_BOX)
     big = big / big.flatten().quantile(0.99).clamp(min=1e-3)  # faint thin lines back to full ink
     big = F.pad(big.clamp(0, 1), (12, 12, 12, 12))
     width = stroke_width(big > 0.5)
@@ -516,23 +499,15 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
         k = 2 * abs(steps) + 1
         x = big[None, None]  # max-pooling spreads ink (thicker); min-pooling, the reverse
         x = F.max_pool2d(x, k, 1, k // 2) if steps > 0 else -F.max_pool2d(-x, k, 1, k // 2)
-        ## Thicker strokes must not fill the holes of loops: a thin 9 would become a 7.
+        ## Thicker strokes must not fill the holes of loops: a 9 without its loop reads as a 4.
         big = torch.where(holes(big > 0.5), big, x[0, 0])
     rows, cols = (big > 0.5).any(dim=1).nonzero()[:, 0], (big > 0.5).any(dim=0).nonzero()[:, 0]
     if len(rows) == 0:  # thinning erased it: keep the unthinned version
-        return F.avg_pool2d(fit(digit, 80)[None, None], 4)[0, 0]
-    big = fit(big[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1], 80)
+        return F.avg_pool2d(fit(digit, DIGIT_BOX)[None, None], 4)[0, 0]
+    big = fit(big[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1], DIGIT_BOX)
     h, w = big.shape
     big = F.pad(big, (0, -w % 4, 0, -h % 4))  # whole 4x4 blocks
     return F.avg_pool2d(big[None, None], 4)[0, 0]
-
-
-def holes(mask: torch.Tensor) -> torch.Tensor:
-    """Background pixels that ink encloses, such as the inside of a loop."""
-    background = ~mask
-    edge = torch.zeros_like(mask)
-    edge[0], edge[-1], edge[:, 0], edge[:, -1] = True, True, True, True
-    return background & ~grow(edge & background, background, steps=mask.numel())
 
 
 def fit(x: torch.Tensor, box: int) -> torch.Tensor:
@@ -552,6 +527,14 @@ def stroke_width(mask: torch.Tensor) -> float:
     return float(2 * m.sum() / outline.clamp(min=1))
 
 
+def holes(mask: torch.Tensor) -> torch.Tensor:
+    """Background pixels that ink encloses, such as the inside of a loop."""
+    background = ~mask
+    edge = torch.zeros_like(mask)
+    edge[0], edge[-1], edge[:, 0], edge[:, -1] = True, True, True, True
+    return background & ~grow(edge & background, background, steps=mask.numel())
+
+
 def centre_by_mass(digit: torch.Tensor, size: int) -> torch.Tensor:
     """Paste `digit` into a size x size black frame with its centre of mass in the middle."""
     h, w = digit.shape
@@ -564,6 +547,38 @@ def centre_by_mass(digit: torch.Tensor, size: int) -> torch.Tensor:
     out = torch.zeros(size, size)
     out[top : top + h, left : left + w] = digit
     return out
+
+
+# the command line, and saving what the model saw ---------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("images", nargs="+", type=Path, help="image files (PNG, JPEG, ...)")
+    parser.add_argument("--checkpoint", type=Path, default=Path("checkpoints/mnist_mlp.pt"),
+                        help="a checkpoint written by mnist_train.py")
+    parser.add_argument("--top-k", type=top_k, default=1, help="also show the next K-1 guesses")
+    parser.add_argument("--json", action="store_true", help="print a JSON list instead")
+    parser.add_argument("--save-input", type=Path, metavar="DIR", default=None,
+                        help="save the 28x28 image the model saw for each input into DIR")
+    parser.add_argument("--device", default="cpu", help="cpu is plenty for a few images")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback when a picture fails unexpectedly")
+    return parser
+
+
+def top_k(text: str) -> int:
+    """argparse type: an int from 1 to 10."""
+    if not text.isdigit() or not 1 <= int(text) <= 10:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 10, got {text!r}")
+    return int(text)
+
+
+def save_input(path: Path, digit: torch.Tensor) -> None:
+    """Save the 28 x 28 image the model saw as a PNG, atomically."""
+    pixels = (digit * 255).round().to(torch.uint8)
+    buffer = io.BytesIO()
+    Image.frombytes("L", (28, 28), bytes(pixels.flatten().tolist())).save(buffer, format="PNG")
+    common.write_atomically(path, buffer.getvalue())
 
 
 if __name__ == "__main__":

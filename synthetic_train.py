@@ -1,4 +1,4 @@
-"""The whole training loop on generated data: no download, small enough for any CPU.
+"""The same training loop on generated data: no download, small enough for any CPU.
 
     python synthetic_train.py                 # 10 epochs
     python synthetic_train.py --epochs 20 --lr 3e-3
@@ -12,8 +12,9 @@ along a cosine, the loss falls, and validation accuracy climbs from chance (25%)
 
 Start here when something is wrong with your own training: if this runs, your PyTorch install
 and the loop work, and the problem is in your data or model. It reuses common.py's
-train_one_epoch and evaluate, and adds what MNIST did not need: a Dataset subclass, Xavier
-initialisation, learning-rate warmup followed by cosine decay, and gradient clipping.
+train_one_epoch (zero_grad -> forward -> loss -> backward -> clip -> step) and evaluate, and
+adds what the MNIST script does not show: a Dataset subclass, choosing an initialisation
+(Xavier), learning-rate warmup followed by cosine decay, and gradient clipping.
 """
 
 import argparse
@@ -70,9 +71,10 @@ class SimpleClassifier(nn.Module):
 def init_weights(module: nn.Module) -> None:
     """Xavier-uniform weights and zero biases for every nn.Linear."""
     ## Xavier (Glorot) initialisation scales random weights by the layer's fan-in and fan-out so
-    ## that activations and gradients keep roughly the same size from layer to layer. nn.Linear
-    ## already has a sensible default (Kaiming-uniform); weights you create yourself with
-    ## nn.Parameter(torch.empty(...)) have none, and must be initialised like this.
+    ## that activations and gradients keep roughly the same size from layer to layer. nn.Linear's
+    ## own default would also do for a net this small; you choose one yourself when signals
+    ## shrink or explode through many layers, and you must for weights you create yourself with
+    ## nn.Parameter(torch.empty(...)), which start as whatever was in memory.
     if isinstance(module, nn.Linear):
         nn.init.xavier_uniform_(module.weight)
         nn.init.zeros_(module.bias)
@@ -144,7 +146,7 @@ def main() -> None:
                                             epoch=epoch, clip_grad=args.clip_grad,
                                             scheduler=scheduler, log=None)
         val_loss, val_acc = common.evaluate(model, val_loader, criterion, device)
-        lr = optimizer.param_groups[0]["lr"]
+        lr = optimizer.param_groups[0]["lr"]  # after this epoch's last step: 0 at the very end
         print(f"epoch {epoch:2d}/{args.epochs} | lr {lr:.6f} | train loss {train_loss:.4f} | "
               f"val loss {val_loss:.4f} | val acc {val_acc:.4f}")
 

@@ -1,6 +1,6 @@
 """Time three ways of feeding the same model, side by side in one run.
 
-    python benchmarks/bench_pipeline.py --data-dir ../shared/data               # MLP, 2 epochs
+    python benchmarks/bench_pipeline.py --data-dir ../shared/data               # MLP, 5 epochs
     python benchmarks/bench_pipeline.py --data-dir ../shared/data --model cnn
     python benchmarks/bench_pipeline.py --data-dir ../shared/data --end-to-end  # whole scripts
 
@@ -143,7 +143,8 @@ def main():
     parser.add_argument("--data-dir", default="./data")
     parser.add_argument("--model", choices=sorted(common.MODELS), default="mlp")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=5,
+                        help="epochs of each pipeline; the fastest of each is compared")
     parser.add_argument("--end-to-end", action="store_true")
     args = parser.parse_args()
     if args.end_to_end:

@@ -383,13 +383,20 @@ def test_checkpoint_round_trip_gives_identical_outputs(tmp_path):
 
 
 def test_checkpoint_of_a_wrapped_model_has_no_prefix(tmp_path):
-    class Wrapper(nn.Module):  # DistributedDataParallel keeps the real model in .module
-        def __init__(self, module):
-            super().__init__()
-            self.module = module
-
-    save(tmp_path / "w.pt", Wrapper(common.build_model("mlp")))
+    ## DataParallel keeps the real model in .module, as DistributedDataParallel does.
+    save(tmp_path / "w.pt", nn.DataParallel(common.build_model("mlp")))
     assert "fc1.weight" in common.load_checkpoint(tmp_path / "w.pt")["state_dict"]
+    compiled = torch.compile(common.build_model("mlp"))  # wraps it: keys start with _orig_mod.
+    save(tmp_path / "c.pt", compiled)
+    assert "fc1.weight" in common.load_checkpoint(tmp_path / "c.pt")["state_dict"]
+
+    class Mine(nn.Module):  # a user's model whose own layer happens to be called "module"
+        def __init__(self):
+            super().__init__()
+            self.module = nn.Linear(2, 2)
+
+    save(tmp_path / "m.pt", Mine())
+    assert "module.weight" in common.load_checkpoint(tmp_path / "m.pt")["state_dict"]
 
 
 def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
