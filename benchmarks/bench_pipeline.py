@@ -106,7 +106,7 @@ def per_epoch(args, device):
 
 
 def run_script(cmd):
-    """Run a command; return (wall seconds, peak RSS in MB, its 'Test Accuracy' line)."""
+    """Run a command; return (wall seconds, peak RSS in MiB, its 'Test Accuracy' line)."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
     out = proc.stdout.read()
@@ -131,7 +131,7 @@ def end_to_end(args):
         results = {}
         for name, cmd in runs.items():
             results[name] = run_script(cmd)
-            print(f"{name}: {results[name][0]:.1f} s, peak {results[name][1]:.0f} MB, "
+            print(f"{name}: {results[name][0]:.1f} s, peak {results[name][1]:.0f} MiB, "
                   f"{results[name][2]}", flush=True)
     (t_seed, m_seed, _), (t_ours, m_ours, _) = results.values()
     print(f"\nmnist_train.py is {t_seed / t_ours:.1f}x faster end to end, with "

@@ -358,7 +358,7 @@ def speed(args) -> None:
                                 stderr=subprocess.DEVNULL)
         _, _, usage = os.wait4(proc.pid, 0)
         print(f"10000 x 10000 RGB PNG (100 MP): predict.py peak memory "
-              f"{usage.ru_maxrss / 1024:.0f} MB")
+              f"{usage.ru_maxrss / 1024:.0f} MiB")
 
 
 def figure(args) -> None:

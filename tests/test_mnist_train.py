@@ -183,9 +183,14 @@ def real_test_accuracy(tmp_path, capsys, *args):
 
 
 @needs_real_mnist
-def test_real_mnist_mlp_reaches_97_percent_in_5_epochs(tmp_path, capsys):
+def test_real_mnist_mlp_reaches_97_percent_in_5_epochs_as_the_readme_says(tmp_path, capsys):
     accuracy, line = real_test_accuracy(tmp_path, capsys, "--epochs", "5")
     assert accuracy >= 0.970, line
+    ## The README's results table states what this very command prints. On another CPU the
+    ## last digits may differ a little (other vector instructions, other rounding).
+    row = next(r for r in (REPO / "README.md").read_text().splitlines()
+               if r.startswith("| `python mnist_train.py --epochs 5` |"))
+    assert accuracy == pytest.approx(float(row.split("|")[2]), abs=0.003), (line, row)
 
 
 ## The CNN's 5 epochs cost about ten times the MLP's arithmetic, and far more on a loaded CI VM

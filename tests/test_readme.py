@@ -3,6 +3,7 @@
 import re
 from pathlib import Path
 
+import pytest
 import torch
 from torch.utils.data import TensorDataset
 
@@ -44,3 +45,17 @@ def test_the_reuse_example_trains_and_saves_a_checkpoint(tmp_path, monkeypatch):
     exec(compile(code, "README reuse example", "exec"), namespace)
     assert namespace["best"] > 0.8  # a linear boundary: learnable in 10 epochs
     assert (tmp_path / "best.pt").exists()
+    ## the reloaded model is the best one: it scores exactly the best validation accuracy
+    reloaded, checkpoint = namespace["model"], namespace["checkpoint"]
+    val_x, val_y = x[2048:], y[2048:]
+    assert ((reloaded(val_x).argmax(1) == val_y).float().mean().item() ==
+            pytest.approx(namespace["best"], abs=1e-9))
+    assert checkpoint["val_accuracy"] == namespace["best"] and 1 <= checkpoint["epoch"] <= 10
+
+
+def test_the_readme_states_the_measured_accuracy_of_the_default_run():
+    ## tests/test_mnist_train.py checks, on real MNIST, that the run prints this number.
+    row = next(line for line in README.splitlines()
+               if line.startswith("| `python mnist_train.py --epochs 5` |"))
+    stated = float(row.split("|")[2])
+    assert f"Test Accuracy: {stated:.4f} ({round(stated * 10000)}/10000)" in README
