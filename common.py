@@ -515,21 +515,21 @@ def write_atomically(path: str | Path, data: bytes) -> None:
     ## Write a temporary file in the target's own folder, flush it to disk, then rename it over
     ## the target. os.replace is atomic: a crash, Ctrl-C or full disk at any moment leaves the
     ## old file or the new one, never half of one, and the temporary file is always removed.
-    path = Path(os.path.realpath(path))  # through a symlink: replace the file it points to
+    real = Path(os.path.realpath(path))  # through a symlink: replace the file it points to
     ## The name is chosen before the file exists, so that the `finally` below can remove it
     ## whenever an interruption comes, even in the middle of creating it.
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    tmp = real.with_name(f".{real.name}.{secrets.token_hex(8)}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        real.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "xb") as f:  # "x": a new file, never one that exists
             f.write(data)
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the rename makes them visible
         ## Checked again right before the rename, because the path may have changed during a
         ## long run: os.replace over /dev/null would turn the device into a regular file.
-        if problem := output_file_problem(path):
+        if problem := output_file_problem(real):
             raise OutputError(f"{path} {problem}")
-        os.replace(tmp, path)
+        os.replace(tmp, real)
     except OSError as err:
         raise OutputError(f"could not write {path}: {err.strerror or err}. The previous version "
                           "of that file, if there was one, is unchanged.") from err

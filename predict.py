@@ -582,4 +582,8 @@ def save_input(path: Path, digit: torch.Tensor) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C: one line, and the exit code a shell expects
+        print("\ninterrupted: stopped.", file=sys.stderr)
+        sys.exit(130)

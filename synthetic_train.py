@@ -101,6 +101,8 @@ def main() -> None:
             parser.error(f"--{name.replace('_', '-')} must be greater than 0")
     if args.num_classes < 2:
         parser.error("--num-classes must be at least 2")
+    if args.num_workers < 0:
+        parser.error("--num-workers must be 0 (load in this process) or more")
     try:
         device = common.get_device(args.device)
     except ValueError as err:
@@ -156,3 +158,6 @@ if __name__ == "__main__":
         main()
     except FloatingPointError as err:  # the loss became NaN or inf: say so in one line
         sys.exit(f"error: {err} With this script: a lower --lr, or a smaller --clip-grad.")
+    except KeyboardInterrupt:  # Ctrl-C: one line, and the exit code a shell expects
+        print("\ninterrupted: stopped.", file=sys.stderr)
+        sys.exit(130)

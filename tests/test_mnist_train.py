@@ -146,6 +146,7 @@ def test_tensorboard_logs_are_written(tiny_mnist, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--epochs", "0"], "--epochs: must be greater than 0"),
+    (["--num-workers", "-1"], "--num-workers: expected 0 or a positive whole number, got '-1'"),
     (["--batch-size", "-4"], "--batch-size: must be greater than 0"),
     (["--lr", "0"], "--lr: must be greater than 0"),
     (["--lr", "nan"], "--lr: must be greater than 0"),
@@ -206,7 +207,7 @@ def test_real_mnist_cnn_learns_from_a_slice(tmp_path, capsys):
 
 @needs_real_mnist
 @pytest.mark.skipif(os.environ.get("MNIST_FULL_CHECKS") != "1",
-                    reason="the CNN's full 5-epoch run takes minutes on a CPU; set "
+                    reason="the CNN's full 5-epoch run takes about a minute on a 2-core CPU; set "
                            "MNIST_FULL_CHECKS=1 to run it")
 def test_real_mnist_cnn_reaches_98_8_percent_in_5_epochs(tmp_path, capsys):
     accuracy, line = real_test_accuracy(tmp_path, capsys, "--model", "cnn", "--epochs", "5")

@@ -510,3 +510,19 @@ def test_a_huge_picture_is_reduced_as_it_is_read_and_keeps_its_digit(tmp_path, m
     expected = F.avg_pool2d(full[None, None, :219, :300], 3)[0, 0]  # 3x3 block averages
     assert (reduced - expected).abs().max() < 0.02
     assert (digit_of(reduced) - reference_digit()).abs().mean() < 0.05
+
+
+def test_ctrl_c_ends_a_batch_with_one_line_and_exit_code_130(trained_checkpoint, tmp_path):
+    import signal
+    import subprocess
+
+    digit_picture(4, size=(1500, 1200), centre=(700, 600), font_size=600).save(tmp_path / "a.png")
+    paths = [str(tmp_path / "a.png")] * 500  # minutes of work: it is interrupted long before
+    proc = subprocess.Popen([sys.executable, "-u", "predict.py", "--checkpoint",
+                             str(trained_checkpoint), *paths],
+                            cwd=Path(__file__).resolve().parent.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith(paths[0])  # started: the first one is classified
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and err.strip() == "interrupted: stopped."

@@ -57,3 +57,19 @@ def test_a_diverging_run_ends_with_one_line_and_exit_code_1():
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: the training loss became nan in epoch 1")
     assert len(proc.stderr.strip().splitlines()) == 1 and "--lr" in proc.stderr
+
+
+def test_ctrl_c_ends_the_run_with_one_line_and_exit_code_130():
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.Popen([sys.executable, "-u", "synthetic_train.py", "--epochs", "100000",
+                             "--samples", "256"], cwd=Path(__file__).resolve().parent.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("256 train / 64 val samples")
+    proc.stdout.readline()  # the first epoch has run: interrupt the second
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and err.strip() == "interrupted: stopped."
