@@ -167,7 +167,7 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
     else:
         mode = "F" if img.mode == "F" else "I" if img.mode.startswith("I") else "L"
     small = Image.new(mode, (img.width // factor, img.height // factor))
-    rows = factor * 256
+    rows = factor * 64  # a strip of the big picture: a few MB at most
     for top in range(0, small.height * factor, rows):
         box = (0, top, small.width * factor, min(top + rows, small.height * factor))
         small.paste(img.crop(box).convert(mode).reduce(factor), (0, top // factor))
