@@ -404,13 +404,14 @@ def test_no_mnist_style_digit_is_taken_for_a_speck(tiny_mnist):
 
 
 @pytest.mark.parametrize("scenario", ["small", "far", "margin", "tiny", "tight", "mouse"])
-def test_small_far_and_thin_digits_are_not_taken_for_specks(tiny_mnist, scenario):
+def test_small_far_and_thin_digits_are_not_taken_for_specks(tiny_mnist, scenario,
+                                                           monkeypatch):
     ## The benchmark's own drawing code, on the tiny font digits instead of MNIST's.
     import random
 
     import common
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import realistic_digits
 
     images, _ = common.load_mnist(tiny_mnist, train=False)
