@@ -266,8 +266,8 @@ def make(args) -> None:
     images, labels = common.load_mnist(args.data_dir, train=False)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rng, g = random.Random(0), torch.Generator().manual_seed(0)
-    picks = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1))
+    rng, g = random.Random(args.seed), torch.Generator().manual_seed(args.seed)
+    picks = torch.randperm(len(labels), generator=torch.Generator().manual_seed(args.seed + 1))
     rows = []
     for s, scenario in enumerate(SCENARIOS):
         for i in range(args.per_scenario):
@@ -403,6 +403,9 @@ def main() -> None:
     m.add_argument("--out", default="realistic")
     m.add_argument("--per-scenario", type=int, default=100,
                    help=f"pictures per scenario ({len(SCENARIOS)} scenarios)")
+    m.add_argument("--seed", type=int, default=0,
+                   help="another seed draws another, independent set (a check against tuning "
+                        "the preprocessing to one set)")
     s = commands.add_parser("score", help="classify them and report accuracy per scenario")
     s.add_argument("--images", default="realistic")
     s.add_argument("--checkpoint", nargs="+", default=["checkpoints/mnist_mlp.pt"])
