@@ -443,6 +443,20 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
                         torch.maximum(left - right[main], left[main] - right)).clamp(min=0)
     touches = edges.amax(dim=0) > 0  # pieces at the border go, unless the digit is there too
     keep = (gap <= size / 2) & (area >= 0.05 * area[main]) & ~(touches & ~touches[main])
+    ## However small, a piece within a 16th of the digit's size of its strokes is part of a
+    ## stroke that broke apart, not a speck: a faint loop top that came out as a row of
+    ## dashes stays, dash by dash, each one within reach of the last.
+    reach = int(size) // 16 * 2 + 1  # odd: the width of the window that looks around
+    linked = labels == main
+    while True:
+        near = F.max_pool2d(linked.float()[None, None], reach, 1, reach // 2)[0, 0] > 0
+        grown = torch.isin(labels, labels[near].unique()) & (labels > 0)
+        if torch.equal(grown, linked):
+            break
+        linked = grown
+    pieces = torch.zeros(count + 1, dtype=torch.bool)
+    pieces[labels[linked].unique()] = True
+    keep |= pieces & ~(touches & ~touches[main])
     keep[0], keep[main] = False, True
     return mask & restore(keep[labels])
 
@@ -499,8 +513,7 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
         k = 2 * abs(steps) + 1
         x = big[None, None]  # max-pooling spreads ink (thicker); min-pooling, the reverse
         x = F.max_pool2d(x, k, 1, k // 2) if steps > 0 else -F.max_pool2d(-x, k, 1, k // 2)
-        ## Thicker strokes must not fill the holes of loops: a 9 without its loop reads as a 4.
-        big = torch.where(holes(big > 0.5), big, x[0, 0])
+        big = x[0, 0]
     rows, cols = (big > 0.5).any(dim=1).nonzero()[:, 0], (big > 0.5).any(dim=0).nonzero()[:, 0]
     if len(rows) == 0:  # thinning erased it: keep the unthinned version
         return F.avg_pool2d(fit(digit, DIGIT_BOX)[None, None], 4)[0, 0]
@@ -525,14 +538,6 @@ def stroke_width(mask: torch.Tensor) -> float:
     inner = -F.max_pool2d(-m, 3, stride=1, padding=1)  # pixels whose 8 neighbours are all ink
     outline = (m - inner).sum()
     return float(2 * m.sum() / outline.clamp(min=1))
-
-
-def holes(mask: torch.Tensor) -> torch.Tensor:
-    """Background pixels that ink encloses, such as the inside of a loop."""
-    background = ~mask
-    edge = torch.zeros_like(mask)
-    edge[0], edge[-1], edge[:, 0], edge[:, -1] = True, True, True, True
-    return background & ~grow(edge & background, background, steps=mask.numel())
 
 
 def centre_by_mass(digit: torch.Tensor, size: int) -> torch.Tensor:
