@@ -445,7 +445,8 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     keep = (gap <= size / 2) & (area >= 0.05 * area[main]) & ~(touches & ~touches[main])
     ## However small, a piece within a 16th of the digit's size of its strokes is part of a
     ## stroke that broke apart, not a speck: a faint loop top that came out as a row of
-    ## dashes stays, dash by dash, each one within reach of the last.
+    ## dashes stays, dash by dash, each one within reach of the last. (Only within half a
+    ## digit, as above: a chain of specks on grainy paper must not spread over the page.)
     reach = int(size) // 16 * 2 + 1  # odd: the width of the window that looks around
     linked = labels == main
     while True:
@@ -456,7 +457,7 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
         linked = grown
     pieces = torch.zeros(count + 1, dtype=torch.bool)
     pieces[labels[linked].unique()] = True
-    keep |= pieces & ~(touches & ~touches[main])
+    keep |= pieces & (gap <= size / 2) & ~(touches & ~touches[main])
     keep[0], keep[main] = False, True
     return mask & restore(keep[labels])
 

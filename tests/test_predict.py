@@ -357,6 +357,17 @@ def test_the_broken_top_of_a_loop_stays_but_a_speck_of_the_same_size_goes():
     assert kept[14:78, 37:40].all()
 
 
+def test_a_chain_of_specks_on_grainy_paper_does_not_spread_over_the_page():
+    mask = torch.zeros(120, 120, dtype=torch.bool)
+    mask[10:51, 10:51] = True
+    mask[14:47, 14:47] = False  # a ring, 41 px across: the digit
+    for left in range(52, 115, 3):
+        mask[30:32, left : left + 2] = True  # specks 1 px apart, from the ring to the edge
+    kept = predict.keep_digit(mask)
+    assert kept[30:32, 52:54].all()  # the first speck might be a piece of the stroke
+    assert not kept[:, 75:].any()  # but the chain stops within half a digit of it
+
+
 def test_a_small_5_with_a_faint_join_comes_out_whole():
     ## The same in a picture: a 5 about 18 px tall whose bar hangs on by two pale pixels.
     picture = Image.new("L", (40, 40), 240)
