@@ -441,23 +441,18 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     size = max(bottom[main] - top[main], right[main] - left[main]) + 1
     gap = torch.maximum(torch.maximum(top - bottom[main], top[main] - bottom),
                         torch.maximum(left - right[main], left[main] - right)).clamp(min=0)
-    touches = edges.amax(dim=0) > 0  # pieces at the border go, unless the digit is there too
-    keep = (gap <= size / 2) & (area >= 0.05 * area[main]) & ~(touches & ~touches[main])
-    ## However small, a piece within a 16th of the digit's size of its strokes is part of a
-    ## stroke that broke apart, not a speck: a faint loop top that came out as a row of
-    ## dashes stays, dash by dash, each one within reach of the last. (Only within half a
-    ## digit, as above: a chain of specks on grainy paper must not spread over the page.)
-    reach = int(size) // 16 * 2 + 1  # odd: the width of the window that looks around
-    linked = labels == main
-    while True:
-        near = F.max_pool2d(linked.float()[None, None], reach, 1, reach // 2)[0, 0] > 0
-        grown = torch.isin(labels, labels[near].unique()) & (labels > 0)
-        if torch.equal(grown, linked):
-            break
-        linked = grown
-    pieces = torch.zeros(count + 1, dtype=torch.bool)
-    pieces[labels[linked].unique()] = True
-    keep |= pieces & (gap <= size / 2) & ~(touches & ~touches[main])
+    ## However small, a piece close to the digit's strokes is part of a stroke that broke
+    ## apart, not a speck: a faint loop top that came out as a row of dashes. Widened by a
+    ## 32nd of the digit's size, such pieces touch, dash by dash, and join the main blob.
+    k = int(size) // 32 * 2 + 1  # odd: the window that widens
+    joined = components(F.max_pool2d(small.float()[None, None], k, 1, k // 2)[0, 0] > 0)
+    linked = torch.zeros(count + 1, dtype=torch.bool)
+    linked[labels[joined == joined[labels == main][0]].unique()] = True
+    ## Either kind stays only within half a digit (a chain of specks on grainy paper must not
+    ## spread over the page), and pieces at the border go, unless the digit is there too.
+    touches = edges.amax(dim=0) > 0
+    keep = ((gap <= size / 2) & ((area >= 0.05 * area[main]) | linked)
+            & ~(touches & ~touches[main]))
     keep[0], keep[main] = False, True
     return mask & restore(keep[labels])
 
