@@ -184,6 +184,8 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
 ##                  one join them where they touch; a faint stretch of a stroke stays attached
 ##   closing        max, then min, over neighbourhoods: dark gaps narrower than the
 ##                  neighbourhood close, wider dark areas keep their shape
+##   opening        min, then max: bright runs shorter than the neighbourhood vanish, longer
+##                  ones keep their shape
 ##   components     the separate blobs of a mask: pixels that touch (8 neighbours) share one
 
 
@@ -248,7 +250,8 @@ def shrink(x: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def ink_polarity(x: torch.Tensor) -> tuple[bool, str | None]:
-    """Return (True if the ink is darker than the paper, None), or (True, why there is no ink)."""
+    """Return (dark_ink, None): dark_ink is True if the ink is darker than the paper. With no
+    ink to find, return (True, why): the True then means nothing."""
     ## Dark ink on light paper, or a white-on-black drawing? Pixels that differ from the paper
     ## under them by far more than the paper's own grain are ink, and the ink lies on one side.
     ## With none on either side the picture is blank, or noise with nothing standing out.
@@ -274,10 +277,14 @@ def paper_block(x: torch.Tensor) -> int:
 
 
 def paper_level(x: torch.Tensor, block: int, dark_ink: bool | None = None) -> torch.Tensor:
-    """The brightness of the paper under every pixel, ink or not, from blocks of the picture."""
+    """The brightness of the paper under every pixel, ink or not, from blocks of the picture.
+
+    `dark_ink`: True or False when the ink's side is known, None when it is not (yet).
+    """
     v = x if dark_ink is not False else 1 - x  # light ink: work on the negative, then undo
     h, w = v.shape
     b = max(2, min(block, h, w))
+    ## Pad the right and bottom edges up to whole blocks (-w % b: the pixels missing).
     padded = F.pad(v[None, None], (0, -w % b, 0, -h % b), mode="replicate")[0, 0]
     cells = padded.unfold(0, b, b).unfold(1, b, b).reshape(-1, b * b)  # one row per block
     shape = (padded.shape[0] // b, padded.shape[1] // b)
@@ -291,7 +298,7 @@ def paper_level(x: torch.Tensor, block: int, dark_ink: bool | None = None) -> to
         ## "closing" on the grid of blocks: each takes the brightest of its neighbours (which
         ## fills blocks inside a stroke), then the darkest of those (which puts the edge of a
         ## shadow back where it was).
-        grid = cells.quantile(0.9, dim=1).view(shape)
+        grid = cells.quantile(0.9, dim=1).view(shape)  # not the max: a noisy pixel can be brighter
         grid = neighbours(neighbours(grid).amax(dim=-1)).amin(dim=-1)
     full = F.interpolate(grid[None, None], size=padded.shape, mode="bilinear",
                          align_corners=False)[0, 0][:h, :w]
@@ -320,11 +327,12 @@ def ink_map(x: torch.Tensor, dark_ink: bool, block: int) -> torch.Tensor:
     ## paper cancel out: darkness relative to the paper for dark ink, brightness for light ink.
     paper = paper_level(x, block, dark_ink)
     if dark_ink:
-        ink = (paper - x) / paper.clamp(min=0.1)
+        ink = (paper - x) / paper.clamp(min=0.1)  # a share of the paper: the same pen in dim light
     else:
         ink = (x - paper) / (1 - paper).clamp(min=0.1)
-    ## Contrast: a pencil is fainter than a marker. Among the pixels clearly darker than the
-    ## paper's grain, the strong group (Otsu's threshold) is the pen; its typical value becomes 1.
+    ## Contrast: a pencil is fainter than a marker. Among the pixels that stand out from the
+    ## paper by far more than its grain, the strong group (Otsu's threshold) is the pen; its
+    ## 90th percentile becomes 1, so a few extra-dark pixels do not set the scale.
     clear = ink[ink > max(MIN_CONTRAST, 5 * grain(ink))]
     if clear.numel() == 0:
         return torch.zeros_like(ink)
@@ -340,6 +348,9 @@ def otsu_threshold(values: torch.Tensor) -> float:
     mean_low = (hist * centres).cumsum(0) / weight.clamp(min=1)
     mean_high = ((hist * centres).sum() - (hist * centres).cumsum(0)) / (
         weight[-1] - weight).clamp(min=1)
+    ## The best cut makes the two groups both big and far apart: it maximises
+    ## (pixels below) x (pixels above) x (difference of their means)^2. The cut lies at the top
+    ## edge of its bin.
     between = weight * (weight[-1] - weight) * (mean_low - mean_high) ** 2
     return float(centres[between.argmax()] + 0.5 / 64)
 
@@ -382,9 +393,11 @@ def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
         opened = F.max_pool2d(opened, (1, run), 1, (0, run // 2))[0, 0]
         on_line = (opened > 0) & (m[0, 0] > 0)
         full_rows = on_line.float().mean(dim=1) > 0.6  # rows where a line spans the picture
+        ## A line several pixels thick fills neighbouring rows: count each run of rows once.
         separate_lines = (full_rows[1:] & ~full_rows[:-1]).sum() + full_rows[0]
         if separate_lines >= 2:
-            ## Keep the pixels where a stroke crosses a line: there the ink runs on across it.
+            ## Spare the pixels where a stroke crosses a line (ink runs on 2 px to both sides
+            ## of it, wider than a printed line), so that the line does not cut the digit in two.
             crossing = -F.max_pool2d(-m, (5, 1), 1, (2, 0))[0, 0] > 0
             found = on_line & full_rows[:, None] & ~crossing
             lines |= found if along == 0 else found.T
@@ -417,6 +430,8 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     if count == 0:
         return mask
     h, w = small.shape
+    ## For each blob (index = its label): its area in pixels, and its bounding box (the
+    ## smallest and largest row and column among its pixels).
     ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
     area = torch.zeros(count + 1).index_add_(0, labels.flatten(), torch.ones(h * w))
     top = torch.full((count + 1,), h).scatter_reduce(0, labels.flatten(), ys.flatten(), "amin")
@@ -439,13 +454,16 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     ## Pieces of the same digit (a "5" whose bar is detached, a broken pencil line) lie within
     ## half a digit of the main blob; specks and other marks lie further away or are tiny.
     size = max(bottom[main] - top[main], right[main] - left[main]) + 1
+    ## gap: empty rows or columns between each blob's box and the main blob's (0: they overlap)
     gap = torch.maximum(torch.maximum(top - bottom[main], top[main] - bottom),
                         torch.maximum(left - right[main], left[main] - right)).clamp(min=0)
     ## However small, a piece close to the digit's strokes is part of a stroke that broke
     ## apart, not a speck: a faint loop top that came out as a row of dashes. Widened by a
-    ## 32nd of the digit's size, such pieces touch, dash by dash, and join the main blob.
+    ## 32nd of the digit's size on each side (whole pixels: none under 32), such pieces
+    ## touch, dash by dash, and join the main blob.
     k = int(size) // 32 * 2 + 1  # odd: the window that widens
     joined = components(F.max_pool2d(small.float()[None, None], k, 1, k // 2)[0, 0] > 0)
+    ## linked: the blobs inside the same widened region as the main blob
     linked = torch.zeros(count + 1, dtype=torch.bool)
     linked[labels[joined == joined[labels == main][0]].unique()] = True
     ## Either kind stays only within half a digit (a chain of specks on grainy paper must not
@@ -460,9 +478,11 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
 def components(mask: torch.Tensor) -> torch.Tensor:
     """Label 8-connected regions of a boolean mask: 0 = background, 1, 2, ... = regions."""
     ## Every pixel starts with its own number (its index + 1) and repeatedly takes the largest
-    ## number among its neighbours, until each region carries a single number. "Pointer
-    ## jumping" speeds this up: a pixel also copies the number held by the pixel whose index
-    ## its number is. (Floats: max-pooling needs them; they hold whole numbers exactly.)
+    ## number among its neighbours, until each region carries a single number. That alone
+    ## needs as many rounds as a region is long. "Pointer jumping" speeds it up: a number is
+    ## also the address of the pixel it came from, so each pixel also takes the number that
+    ## pixel holds now, 4 hops per round. (Floats: max-pooling needs them; they hold whole
+    ## numbers exactly.)
     flat_mask = mask.flatten()
     labels = torch.arange(1, mask.numel() + 1, dtype=torch.float32) * flat_mask
     while True:
@@ -470,7 +490,10 @@ def components(mask: torch.Tensor) -> torch.Tensor:
         for _ in range(4):
             grown = torch.maximum(grown, grown[(grown.long() - 1).clamp(min=0)] * flat_mask)
         if torch.equal(grown, labels):
-            return torch.unique(labels, return_inverse=True)[1].view(mask.shape)
+            ## Renumber 0, 1, 2, ...; the 0 put in front keeps 0 for the background even when
+            ## the mask has no background at all.
+            numbers = torch.unique(torch.cat([torch.zeros(1), labels]), return_inverse=True)[1]
+            return numbers[1:].view(mask.shape)
         labels = grown
 
 
@@ -501,11 +524,12 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     ## strokes are 1.3 to 3.1 px wide in the 20-px box for 90% of its digits, 2 px typically.
     big = fit(digit, DIGIT_BOX)
     big = big / big.flatten().quantile(0.99).clamp(min=1e-3)  # faint thin lines back to full ink
-    big = F.pad(big.clamp(0, 1), (12, 12, 12, 12))
+    big = F.pad(big.clamp(0, 1), (12, 12, 12, 12))  # black room for strokes to grow into
     width = stroke_width(big > 0.5)
-    ## Widths of 6 to 14 px here (1.5 to 3.5 px in the box) are left alone. Thinner strokes (a
-    ## mouse's 1-px line) and thicker ones (a marker) are brought to 9.5 px, a little above
-    ## typical: on the generated pictures, models read that as well as 8 px.
+    ## Widths of 6 to 14 px here (1.5 to 3.5 px in the box, most of MNIST's range) are left
+    ## alone. Thinner strokes (a mouse's 1-px line) and thicker ones (a marker) are brought to
+    ## 9.5 px, a little above typical: on benchmarks/realistic_digits.py's pictures, models read
+    ## that as well as 8 px.
     steps = 0 if 6 <= width <= 14 else round((9.5 - width) / 2)  # pixels to add on each side
     if steps:
         k = 2 * abs(steps) + 1
@@ -532,6 +556,8 @@ def fit(x: torch.Tensor, box: int) -> torch.Tensor:
 
 def stroke_width(mask: torch.Tensor) -> float:
     """Average stroke width in pixels: area divided by half the outline's length."""
+    ## A stroke of width w and length L covers w x L pixels and has an outline of about 2 x L
+    ## pixels (one edge on each side), so w = area / (outline / 2).
     m = mask.float()[None, None]
     inner = -F.max_pool2d(-m, 3, stride=1, padding=1)  # pixels whose 8 neighbours are all ink
     outline = (m - inner).sum()
@@ -544,7 +570,7 @@ def centre_by_mass(digit: torch.Tensor, size: int) -> torch.Tensor:
     total = digit.sum().clamp(min=1e-6)
     cy = (digit.sum(dim=1) * torch.arange(h)).sum() / total
     cx = (digit.sum(dim=0) * torch.arange(w)).sum() / total
-    top = round(size / 2 - cy.item())  # MNIST puts the centre of mass at pixel (14, 14)
+    top = round(size / 2 - cy.item())  # MNIST's centre of mass: row 14, column 14 (from 0)
     left = round(size / 2 - cx.item())
     top, left = min(max(top, 0), size - h), min(max(left, 0), size - w)  # stay inside the frame
     out = torch.zeros(size, size)

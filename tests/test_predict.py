@@ -283,6 +283,18 @@ def test_an_mnist_image_stays_as_it_is(tiny_mnist):
     assert 0 < passed_through < 20  # the font digits come in MNIST's size and smaller
 
 
+def test_components_number_regions_from_1_and_keep_0_for_the_background():
+    mask = torch.tensor([[1, 0, 0, 1],
+                         [0, 1, 0, 1],  # the top-left pixels touch corner to corner: one region
+                         [0, 0, 0, 0],
+                         [1, 1, 0, 0]], dtype=torch.bool)
+    labels = predict.components(mask)
+    assert (labels == 0).equal(~mask)  # background, and only background, is 0
+    assert labels.max() == 3
+    assert labels[0, 0] == labels[1, 1] != labels[0, 3] == labels[1, 3] != labels[3, 0]
+    assert predict.components(torch.ones(3, 3, dtype=torch.bool)).tolist() == [[1] * 3] * 3
+
+
 # small and low-resolution digits ------------------------------------------------------------
 def jpeg(picture, quality):
     """The picture after a round trip through JPEG, as a gray tensor."""
