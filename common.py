@@ -159,6 +159,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
     model.train()  # Dropout and BatchNorm behave as in training; evaluate() switches them back
     scaler = scaler or torch.amp.GradScaler(device.type, enabled=False)  # float16 only; see 4.
     total, seen, logged = torch.zeros((), device=device), 0, (0.0, 0)  # sums: now, at last log
+    batches = len(loader) if hasattr(loader, "__len__") else "?"  # a generator has no length
     for batch, (inputs, targets) in enumerate(loader, start=1):
         inputs, targets = inputs.to(device), targets.to(device)  # no copy if already there
         ## 1. Clear the old gradients: backward() *adds* to .grad, it does not overwrite it.
@@ -166,8 +167,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
         ## 2-3. Forward pass and loss; with amp_dtype, autocast runs matmuls in 16 bits (AMP).
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             loss = criterion(model(inputs), targets)
-        ## 4. Backward: fill each .grad with d(loss)/d(parameter). Without float16 this is just
-        ##    loss.backward(): a disabled scaler passes the loss through unchanged.
+        ## 4. Backward: fill each .grad with d(loss)/d(param). (A disabled scaler: loss.backward())
         scaler.scale(loss).backward()
         ## 5. Optional: shrink all gradients if their joint norm exceeds clip_grad (spike guard).
         if clip_grad is not None:
@@ -180,11 +180,11 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
         if scheduler is not None:
             scheduler.step()  # a per-batch learning-rate schedule, such as warmup + cosine
         ## The batch's mean loss x its size: a per-sample sum. detach() lets each graph be freed.
-        total += loss.detach() * len(targets)
+        total.add_(loss.detach(), alpha=len(targets))  # in place: no new tensor per batch
         seen += len(targets)
         if log is not None and batch % log_interval == 0:  # .item() makes the CPU wait for GPU
             interval = (total.item() - logged[0]) / (seen - logged[1])
-            log(f"Epoch {epoch} | Batch {batch}/{len(loader)} | Loss {interval:.4f}")
+            log(f"Epoch {epoch} | Batch {batch}/{batches} | Loss {interval:.4f}")
             logged = (total.item(), seen)
     if seen == 0:
         raise ValueError("the training loader produced no batches: is the dataset empty?")

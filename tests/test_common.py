@@ -197,6 +197,18 @@ def test_training_logs_the_interval_loss_in_the_seed_format():
     assert lines[0].startswith("Epoch 3 | Batch 2/4 | Loss ")
 
 
+def test_a_loader_without_a_length_trains_and_logs():
+    x, y = separable_data(n=40)
+    batches = ((x[i : i + 10], y[i : i + 10]) for i in range(0, 40, 10))  # a generator: no len()
+    lines = []
+    loss = common.train_one_epoch(nn.Linear(10, 3), batches, nn.CrossEntropyLoss(),
+                                  torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1), "cpu",
+                                  log_interval=2, log=lines.append)
+    assert math.isfinite(loss)
+    assert [line.split(" | Loss")[0] for line in lines] == ["Epoch 1 | Batch 2/?",
+                                                            "Epoch 1 | Batch 4/?"]
+
+
 def test_a_nan_loss_stops_training_with_advice_true_in_any_project():
     model = nn.Linear(10, 3)
     with torch.no_grad():
