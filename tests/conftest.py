@@ -1,6 +1,6 @@
 """Shared test fixtures: a tiny MNIST written in the real IDX format, and digit images.
 
-No test downloads anything. The tiny MNIST below is a few hundred digits drawn with Pillow's
+No test downloads anything. The tiny MNIST below is 1,000 digits drawn with Pillow's
 built-in font, varied in size, position, stroke and angle, and saved as the four IDX files that
 torchvision reads, so mnist_train.py runs its real loading code on it.
 """
@@ -16,8 +16,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 TINY_TRAIN, TINY_TEST = 800, 200
 
-## The tests work on a few hundred 28x28 images: batches far too small for two threads to help,
-## and on a busy 2-core CI VM the threads wait on each other (measured: 3-9x slower than one).
+## The tests work on about a thousand 28x28 images: batches far too small for two threads to
+## help, and on a busy 2-core machine the threads wait on each other (3-9x slower than one).
 ## Child processes that the tests start get the same setting through OMP_NUM_THREADS.
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")

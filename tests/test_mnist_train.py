@@ -194,8 +194,8 @@ def test_real_mnist_mlp_reaches_97_percent_in_5_epochs_as_the_readme_says(tmp_pa
     assert accuracy == pytest.approx(float(row.split("|")[2]), abs=0.003), (line, row)
 
 
-## The CNN's 5 epochs cost about ten times the MLP's arithmetic, and far more on a loaded CI VM
-## (one training step on a batch of 64 was measured there at 0.5 to 4 s). So CI checks
+## The CNN's 5 epochs cost about ten times the MLP's arithmetic, and far more on a busy machine
+## (where one training step on a batch of 64 can take 0.5 to 4 s). So CI checks
 ## that it learns real digits from a slice of the data (47 steps; measured: 0.8646 test
 ## accuracy, where guessing gives 0.10), and the full claim runs on request.
 @needs_real_mnist
