@@ -7,7 +7,7 @@
     python predict.py my_digit.png --save-input seen  # writes seen/my_digit.png, what the model saw
 
 A model only knows the kind of images it was trained on. MNIST digits are white on black, about
-20x20 pixels inside a 28x28 frame, centred by their centre of mass, with strokes 2-3 pixels
+20x20 pixels inside a 28x28 frame, centred by their centre of mass, with strokes about 2 pixels
 wide. A phone photo of a digit is none of that, so preprocess() turns any picture into such an
 image: it finds the digit on a small copy, cuts it out of the full-resolution picture, removes
 the paper (light, shadows, ruled lines, specks) and gives it MNIST's size, stroke width and
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 import common
 
@@ -76,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as err:  # a bug here: say so, and go on with the other pictures
             if args.debug:
                 traceback.print_exc()
-            print(f"{path}: error: unexpected {type(err).__name__}: {err}. This is a bug in "
-                  "predict.py: please report it with the picture (--debug shows the "
-                  "traceback).", file=sys.stderr)
+            print(f"{path}: error: unexpected {type(err).__name__}: {common.first_line(err)}. "
+                  "This is a bug in predict.py: please report it with the picture (--debug "
+                  "shows the traceback).", file=sys.stderr)
             failed += 1
             continue
         if warning:
@@ -171,6 +171,8 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
     for top in range(0, small.height * factor, rows):
         box = (0, top, small.width * factor, min(top + rows, small.height * factor))
         small.paste(img.crop(box).convert(mode).reduce(factor), (0, top // factor))
+    ## A new picture has no EXIF: carry over the "rotate me" tag, which load_gray applies next.
+    small.getexif()[ExifTags.Base.Orientation] = img.getexif().get(ExifTags.Base.Orientation, 1)
     return small
 
 
@@ -379,10 +381,10 @@ def grow(seeds: torch.Tensor, allowed: torch.Tensor, steps: int = 64) -> torch.T
 def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
     """Pixels of printed lines that run across the picture (squared or lined paper)."""
     ## A line is a long, straight, thin run of ink. A run at least 1/5 of the picture wide
-    ## survives an "opening" (erode, then dilate, along the line); a slight tilt is tolerated by
-    ## smearing the mask a pixel across it first. A digit's strokes are never this long *and*
-    ## straight *and* repeated: only when two or more such lines span the picture is the paper
-    ## ruled, and only then are they removed. This runs on a copy at most 256 pixels across.
+    ## survives an opening along the line; a slight tilt is tolerated by smearing the mask a
+    ## pixel across it first. A digit's strokes are never this long *and* straight *and*
+    ## repeated: only when two or more such lines span the picture is the paper ruled, and only
+    ## then are they removed. This runs on a copy at most 256 pixels across.
     small, restore = at_most(mask, 256)
     lines = torch.zeros_like(small)
     for along in (0, 1):  # 0: horizontal lines, 1: vertical lines
@@ -448,7 +450,8 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
 
     edges = torch.stack([contact(line) for line in (labels[0], labels[-1], labels[:, 0],
                                                      labels[:, -1])])
-    score = area * torch.where(edges.amax(dim=0) > 0.4, 0.2, 1.0)
+    edge_share = edges.amax(dim=0)  # the most of any one border line that each blob covers
+    score = area * torch.where(edge_share > 0.4, 0.2, 1.0)
     score[0] = -1
     main = int(score.argmax())
     ## Pieces of the same digit (a "5" whose bar is detached, a broken pencil line) lie within
@@ -468,7 +471,7 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     linked[labels[joined == joined[labels == main][0]].unique()] = True
     ## Either kind stays only within half a digit (a chain of specks on grainy paper must not
     ## spread over the page), and pieces at the border go, unless the digit is there too.
-    touches = edges.amax(dim=0) > 0
+    touches = edge_share > 0
     keep = ((gap <= size / 2) & ((area >= 0.05 * area[main]) | linked)
             & ~(touches & ~touches[main]))
     keep[0], keep[main] = False, True
@@ -526,7 +529,7 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     big = big / big.flatten().quantile(0.99).clamp(min=1e-3)  # faint thin lines back to full ink
     big = F.pad(big.clamp(0, 1), (12, 12, 12, 12))  # black room for strokes to grow into
     width = stroke_width(big > 0.5)
-    ## Widths of 6 to 14 px here (1.5 to 3.5 px in the box, most of MNIST's range) are left
+    ## Widths of 6 to 14 px here (1.5 to 3.5 px in the box: 85% of MNIST's digits) are left
     ## alone. Thinner strokes (a mouse's 1-px line) and thicker ones (a marker) are brought to
     ## 9.5 px, a little above typical: on benchmarks/realistic_digits.py's pictures, models read
     ## that as well as 8 px.
