@@ -379,7 +379,7 @@ def _idx_problem(path: Path) -> str | None:
 
 
 def check_labels(labels: torch.Tensor, num_classes: int, where: str = "the labels") -> None:
-    """Raise DataError unless every label is an integer class index in 0..num_classes-1."""
+    """Raise DataError unless every label is a class index in 0..num_classes-1."""
     ## Check once, where the data is loaded, not on every batch. nn.CrossEntropyLoss needs class
     ## indices 0..C-1: labels 1..10 fail on the CPU with "Target 10 is out of bounds", and on a
     ## GPU with an unreadable "device-side assert" that names no sample.

@@ -111,7 +111,7 @@ def train(args: argparse.Namespace) -> None:
                 seconds = time.perf_counter() - start
                 history.append([epoch, f"{train_loss:.6f}", f"{val_loss:.6f}", f"{val_acc:.6f}",
                                 f"{seconds:.3f}", int(saved)])
-                with interrupts_deferred():  # the checkpoint and its CSV are saved together
+                with interrupts_deferred():  # no Ctrl-C between the checkpoint and its CSV
                     if saved:
                         common.save_checkpoint(save_path, model, model_name=args.model,
                                                mean=common.MNIST_MEAN, std=common.MNIST_STD,
@@ -412,7 +412,8 @@ def record_history(csv_path: Path, history: list[list], writer) -> None:
     """Rewrite the per-epoch CSV (atomically, like the checkpoint) and log to TensorBoard."""
     ## The whole file is rewritten each epoch, atomically, right after the checkpoint. A new run
     ## therefore leaves the previous run's CSV in place until it has saved its own first
-    ## checkpoint: the checkpoint and its CSV always come from the same run.
+    ## checkpoint, so the two come from the same run (unless this write fails: that ends the
+    ## run with an error that says so).
     text = io.StringIO()
     rows = csv.writer(text)
     rows.writerow(["epoch", "train_loss", "val_loss", "val_accuracy", "seconds", "saved"])

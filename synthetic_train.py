@@ -14,7 +14,8 @@ Start here when something is wrong with your own training: if this runs, your Py
 and the loop work, and the problem is in your data or model. It reuses common.py's
 train_one_epoch (zero_grad -> forward -> loss -> backward -> clip -> step) and evaluate, and
 adds what the MNIST script does not show: a Dataset subclass, choosing an initialisation
-(Xavier), learning-rate warmup followed by cosine decay, and gradient clipping.
+(Xavier), and learning-rate warmup followed by cosine decay. Gradient clipping, optional in the
+MNIST script, is on here by default.
 """
 
 import argparse

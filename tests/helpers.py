@@ -2,6 +2,7 @@
 
 import csv
 
+import torch
 from PIL import Image, ImageDraw, ImageFont
 
 
@@ -9,6 +10,12 @@ def read_csv(path):
     """The rows of a CSV file with a header, as dicts."""
     with open(path) as f:
         return list(csv.DictReader(f))
+
+
+def printed_confusion_matrix(out: str) -> torch.Tensor:
+    """The 10 x 10 counts of the table that follows the "confusion matrix" heading."""
+    lines = out[out.index("confusion matrix"):].splitlines()[2:12]
+    return torch.tensor([[int(v) for v in line.split("|")[1].split()] for line in lines])
 
 
 def digit_picture(digit: int, size=(300, 220), ink=(25, 35, 110), paper=(238, 232, 220),

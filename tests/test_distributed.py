@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import digit_picture, read_csv
+from helpers import digit_picture, printed_confusion_matrix, read_csv
 
 import common
 import mnist_train
@@ -35,9 +35,7 @@ def test_only_rank_0_prints_and_its_checkpoint_loads_like_a_plain_one(two_proces
     ## rank 0 tests on the whole test set: 200 images, in the accuracy and in the matrix
     assert "/200)" in out.split("Test Accuracy: ")[1].splitlines()[0]
     assert out.count("confusion matrix") == 1
-    counts = [line.split("|")[1].split() for line in
-              out[out.index("confusion matrix"):].splitlines()[2:12]]
-    assert sum(int(c) for row in counts for c in row) == 200
+    assert printed_confusion_matrix(out).sum() == 200
     assert save_path.with_name("ddp_mistakes.png").exists()
     state = common.load_checkpoint(save_path)["state_dict"]
     assert not any(key.startswith("module.") for key in state)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import read_csv
+from helpers import printed_confusion_matrix, read_csv
 from PIL import Image
 
 import common
@@ -61,12 +61,6 @@ def test_trains_end_to_end_and_keeps_the_best_validation_epoch(tiny_mnist, tmp_p
     assert Image.open(picture).size[1] == rows_of_tiles * (112 + 24 + 3) + 3  # 112-px digits
     assert sorted(p.name for p in save_path.parent.iterdir()) == [
         "best.csv", "best.pt", "best_mistakes.png"]
-
-
-def printed_confusion_matrix(out: str) -> torch.Tensor:
-    """The 10 x 10 counts of the table that follows the "confusion matrix" heading."""
-    lines = out[out.index("confusion matrix"):].splitlines()[2:12]
-    return torch.tensor([[int(v) for v in line.split("|")[1].split()] for line in lines])
 
 
 def test_dry_run_runs_one_batch_of_each_phase_and_writes_no_picture(tiny_mnist, tmp_path,
