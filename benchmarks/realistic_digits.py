@@ -416,7 +416,7 @@ def main() -> None:
     g.add_argument("--images", default="realistic")
     g.add_argument("--out", default="docs/what_the_model_sees.png")
     g.add_argument("--scenarios", nargs="+",
-                   default=["photo", "ballpoint", "shadow", "grid", "margin", "small"])
+                   default=["photo", "ballpoint", "shadow", "grid", "far", "small"])
     args = parser.parse_args()
     {"make": make, "score": score, "speed": speed, "figure": figure}[args.command](args)
 
