@@ -215,14 +215,14 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     mask = digit_mask(ink)
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
-    rows, cols = mask.any(dim=1).nonzero()[:, 0], mask.any(dim=0).nonzero()[:, 0]
-    extent = max(rows[-1] - rows[0], cols[-1] - cols[0]) + 1
+    top, bottom, left, right = bounding_box(mask)
+    extent = max(bottom - top, right - left)
     if extent / scale < SPECK_EXTENT:
         return blank, (f"no digit found: the ink is a speck, {extent / scale:.0f} px across, too "
                        "small to be a digit")
     ## Keep the soft edge pixels around the strokes (MNIST has them too), but only there.
     near = F.max_pool2d(mask.float()[None, None], 3, stride=1, padding=1)[0, 0] > 0
-    digit = (ink * near)[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
+    digit = (ink * near)[top:bottom, left:right]
     return centre_by_mass(mnist_strokes(digit), 28), None
 
 
@@ -234,8 +234,8 @@ def already_mnist(gray: torch.Tensor) -> bool:
     ink = gray > 0.3
     if border.max() > 0.2 or not ink.any() or ink.float().mean() > 0.5:  # not white on black
         return False
-    rows, cols = ink.any(dim=1).nonzero()[:, 0], ink.any(dim=0).nonzero()[:, 0]
-    extent = max(rows[-1] - rows[0], cols[-1] - cols[0]) + 1
+    top, bottom, left, right = bounding_box(ink)
+    extent = max(bottom - top, right - left)
     total = gray.sum()
     cy = (gray.sum(dim=1) * torch.arange(28)).sum() / total
     cx = (gray.sum(dim=0) * torch.arange(28)).sum() / total
@@ -504,9 +504,7 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor,
             factor: float) -> tuple[torch.Tensor, float]:
     """The digit that `mask` marks on a copy `factor` times smaller, cut out of `gray` with a
     margin of paper, scaled so its long side is DIGIT_BOX pixels; and that scale."""
-    rows, cols = mask.any(dim=1).nonzero()[:, 0], mask.any(dim=0).nonzero()[:, 0]
-    top, bottom = float(rows[0]) * factor, float(rows[-1] + 1) * factor
-    left, right = float(cols[0]) * factor, float(cols[-1] + 1) * factor
+    top, bottom, left, right = (side * factor for side in bounding_box(mask))
     size = max(bottom - top, right - left)
     margin = size / 2 + 2  # enough paper around the digit to measure the paper by
     h, w = gray.shape
@@ -539,13 +537,20 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
         x = big[None, None]  # max-pooling spreads ink (thicker); min-pooling, the reverse
         x = F.max_pool2d(x, k, 1, k // 2) if steps > 0 else -F.max_pool2d(-x, k, 1, k // 2)
         big = x[0, 0]
-    rows, cols = (big > 0.5).any(dim=1).nonzero()[:, 0], (big > 0.5).any(dim=0).nonzero()[:, 0]
-    if len(rows) == 0:  # thinning erased it: keep the unthinned version
+    if not (big > 0.5).any():  # thinning erased it: keep the unthinned version
         return F.avg_pool2d(fit(digit, DIGIT_BOX)[None, None], 4)[0, 0]
-    big = fit(big[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1], DIGIT_BOX)
+    top, bottom, left, right = bounding_box(big > 0.5)
+    big = fit(big[top:bottom, left:right], DIGIT_BOX)
     h, w = big.shape
     big = F.pad(big, (0, -w % 4, 0, -h % 4))  # whole 4x4 blocks
     return F.avg_pool2d(big[None, None], 4)[0, 0]
+
+
+def bounding_box(mask: torch.Tensor) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) of a mask's True pixels, as slice bounds: mask[top:bottom,
+    left:right] holds them all. The mask must have at least one."""
+    rows, cols = mask.any(dim=1).nonzero()[:, 0], mask.any(dim=0).nonzero()[:, 0]
+    return int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
 
 
 def fit(x: torch.Tensor, box: int) -> torch.Tensor:
