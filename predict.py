@@ -160,9 +160,10 @@ def load_gray(path: Path) -> torch.Tensor:
 def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
     """Shrink a decoded picture `factor` times by averaging, a strip at a time, so that memory
     holds the big picture and a small copy, never a second big one."""
-    ## The small copy is gray right away, except for pictures with transparency (kept as RGBA,
-    ## for load_gray to put on white) and for 16-bit or float pictures (kept at full depth).
-    if "transparency" in img.info or img.mode in ("RGBA", "LA", "PA", "P", "1"):
+    ## The small copy is gray right away, except for pictures that have or may have transparency
+    ## (kept as RGBA, for load_gray to put on white; a palette may hold a transparent colour) and
+    ## for 16-bit or float pictures (kept at full depth).
+    if "transparency" in img.info or img.mode in ("RGBA", "LA", "PA", "P"):
         mode = "RGBA"
     else:
         mode = "F" if img.mode == "F" else "I" if img.mode.startswith("I") else "L"

@@ -543,7 +543,7 @@ def test_a_bad_save_input_folder_is_refused_before_any_picture(trained_checkpoin
         in err and out == ""
 
 
-@pytest.mark.parametrize("mode", ["RGB", "RGBA", "P", "I;16", "L"])
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "P", "I;16", "L", "1"])
 def test_a_huge_picture_is_reduced_as_it_is_read_and_keeps_its_digit(tmp_path, monkeypatch,
                                                                        mode):
     ## MAX_PIXELS made tiny, so that a 300 x 220 picture counts as huge: it is reduced 3x in
