@@ -26,6 +26,8 @@ CSV and TensorBoard logs, Ctrl-C); the lesson reads without them. The command-li
 come last (`python mnist_train.py --help` lists them).
 """
 
+from __future__ import annotations
+
 import argparse
 import contextlib
 import csv
@@ -49,15 +51,14 @@ from torchvision.utils import make_grid, save_image
 import common
 
 
-def train(args: argparse.Namespace) -> None:
+def train(args: argparse.Namespace, outputs: RunOutputs) -> None:
     """The lesson: data -> model -> loss -> optimizer -> training loop -> final test."""
     rank, world, device = setup_system(args)  # torchrun, seeding, deterministic mode, TF32
     main_process = rank == 0  # only rank 0 prints, writes files and saves checkpoints
     amp_dtype = amp_dtype_for(args.amp, device)  # None: plain float32
-    save_path = checkpoint_path(args)
-    csv_path = save_path.with_suffix(".csv")
+    save_path, csv_path = outputs.checkpoint, outputs.csv  # checkpoints/mnist_mlp.pt and .csv
     if main_process:
-        check_outputs(save_path, csv_path, args.tensorboard, args.dry_run)  # before any work
+        check_outputs(outputs, args.tensorboard)  # before any work
 
     # 1. data ----------------------------------------------------------------------------------
     ## 60,000 training digits, of which --val-size are held out to pick the best epoch, and
@@ -113,9 +114,10 @@ def train(args: argparse.Namespace) -> None:
                                 f"{seconds:.3f}", int(saved)])
                 with interrupts_deferred():  # no Ctrl-C between the checkpoint and its CSV
                     if saved:
-                        common.save_checkpoint(save_path, model, model_name=args.model,
-                                               mean=common.MNIST_MEAN, std=common.MNIST_STD,
-                                               epoch=epoch, val_accuracy=val_acc)
+                        with outputs.keeping_earlier_run(epoch, val_acc):  # renamed, not lost
+                            common.save_checkpoint(save_path, model, model_name=args.model,
+                                                   mean=common.MNIST_MEAN, std=common.MNIST_STD,
+                                                   epoch=epoch, val_accuracy=val_acc)
                     record_history(csv_path, history, writer)
                 print(f"epoch {epoch}/{epochs} | train loss {train_loss:.4f} | val loss "
                       f"{val_loss:.4f} | val acc {val_acc:.4f} | {seconds:.1f} s"
@@ -134,7 +136,7 @@ def train(args: argparse.Namespace) -> None:
               f"metrics in {csv_path}")
         print(f"Test Accuracy: {correct / len(truth):.4f} ({correct}/{len(truth)})")
         print(format_confusion_matrix(confusion_matrix(guesses, truth)))
-        report_mistakes(mistakes_path(save_path), test_images[splits[2]], guesses, truth,
+        report_mistakes(outputs.mistakes, test_images[splits[2]], guesses, truth,
                         args.dry_run)
 
 
@@ -183,15 +185,98 @@ def checkpoint_path(args: argparse.Namespace) -> Path:
     return args.save_path or Path("checkpoints") / default_name
 
 
-def check_outputs(save_path: Path, csv_path: Path, tensorboard: str | None,
-                  dry_run: bool) -> None:
+class RunOutputs:
+    """The files a run writes, and what became of an earlier run's files at the same path."""
+
+    ## "Best" means best within one run: a new run's first epoch is usually worse than the end
+    ## of the last one. So a new run never writes over an earlier run's files. At its first
+    ## save it renames them, stamped with the time the earlier checkpoint was written:
+    ## mnist_mlp.pt -> mnist_mlp.2026-12-01_10-05-33.pt (and the .csv and _mistakes.png).
+    ## The new run's best model then always sits at the usual path, where predict.py looks.
+
+    def __init__(self, checkpoint: Path, dry_run: bool) -> None:
+        self.checkpoint, self.dry_run = checkpoint, dry_run
+        self.csv = checkpoint.with_suffix(".csv")
+        self.mistakes = mistakes_path(checkpoint)
+        self.earlier: Path | None = None  # where the earlier run's checkpoint now is
+        self.saved: tuple[int, float] | None = None  # (epoch, val acc) this run has on disk
+
+    @contextlib.contextmanager
+    def keeping_earlier_run(self, epoch: int, val_acc: float):
+        """Around a save: first rename an earlier run's files beside them (first save only)."""
+        moves = {} if self.saved is not None or self.dry_run else self._new_names()
+        details = describe_checkpoint(self.checkpoint) if moves else ""
+        done = []  # (old, new) pairs renamed so far, undone if the save fails
+
+        def undo():
+            for old, new in reversed(done):
+                os.replace(new, old)
+
+        try:
+            for old, new in moves.items():
+                os.replace(old, new)
+                done.append((old, new))
+        except OSError as err:
+            undo()
+            raise common.OutputError(f"could not rename the earlier run's {old} to {new}: "
+                                     f"{err.strerror}. Nothing was replaced.") from err
+        try:
+            yield
+        except BaseException:  # the save failed: the earlier run's files go back as they were
+            undo()
+            raise
+        self.saved = (epoch, val_acc)
+        if moves:
+            first_old, first_new = next(iter(moves.items()))
+            self.earlier = moves.get(self.checkpoint)
+            print(f"an earlier run's files are kept: {first_old} -> {first_new}{details}"
+                  + (", with its .csv and _mistakes.png" if len(moves) > 1 else ""))
+
+    def _new_names(self) -> dict[Path, Path]:
+        """{earlier run's file: its new, stamped name} for the files that exist."""
+        found = [p for p in (self.checkpoint, self.csv, self.mistakes) if p.exists()]
+        if not found:
+            return {}
+        written = time.localtime(found[0].stat().st_mtime)  # the checkpoint's, if there is one
+        stamp = time.strftime("%Y-%m-%d_%H-%M-%S", written)  # no ":", which Windows forbids
+        for n in range(1, 1000):  # two runs saved in the same second: add -2, -3, ...
+            new = self.checkpoint.with_name(f"{self.checkpoint.stem}.{stamp}"
+                                            f"{'' if n == 1 else f'-{n}'}{self.checkpoint.suffix}")
+            names = {self.checkpoint: new, self.csv: new.with_suffix(".csv"),
+                     self.mistakes: mistakes_path(new)}
+            if not any(p.exists() for p in names.values()):
+                break
+        return {old: names[old] for old in found}
+
+    def on_disk(self) -> str:
+        """One sentence on what is on disk now, for the message after Ctrl-C."""
+        kept = f"; the earlier run's model is kept as {self.earlier}" if self.earlier else ""
+        if self.saved is None:
+            if self.checkpoint.exists():
+                return f"This run saved nothing: {self.checkpoint}, an earlier run's, is unchanged."
+            return "This run saved nothing yet."
+        epoch, acc = self.saved
+        return (f"{self.checkpoint} holds this run's best model so far (epoch {epoch}, val acc "
+                f"{acc:.4f}), complete and loadable{kept}.")
+
+
+def describe_checkpoint(path: Path) -> str:
+    """' (epoch 4, val acc 0.9718)' for a checkpoint of this repo, else ''."""
+    try:
+        checkpoint = common.load_checkpoint(path)
+        return f" (epoch {checkpoint['epoch']}, val acc {checkpoint['val_accuracy']:.4f})"
+    except (common.CheckpointError, KeyError, TypeError, ValueError):
+        return ""
+
+
+def check_outputs(outputs: RunOutputs, tensorboard: str | None) -> None:
     """Refuse, before any data is loaded, output paths that could not be written."""
-    files = {"--save-path": save_path, "its CSV": csv_path}
-    if not dry_run:
-        files["its mistakes picture"] = mistakes_path(save_path)
-    if save_path.suffix == ".csv":
-        raise UsageError(f"--save-path {save_path}: the metrics go to {csv_path}; give the "
-                         "checkpoint another suffix, such as .pt")
+    files = {"--save-path": outputs.checkpoint, "its CSV": outputs.csv}
+    if not outputs.dry_run:
+        files["its mistakes picture"] = outputs.mistakes
+    if outputs.checkpoint.suffix == ".csv":
+        raise UsageError(f"--save-path {outputs.checkpoint}: the metrics go to {outputs.csv}; "
+                         "give the checkpoint another suffix, such as .pt")
     for what, path in files.items():
         problem = common.check_output_file(path)
         if problem is None:
@@ -605,15 +690,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK")  # under torchrun, say which process failed
     where = f" (rank {rank})" if rank else ""
+    outputs = RunOutputs(checkpoint_path(args), args.dry_run)
     try:
         with sigterm_as_ctrl_c():
-            train(args)
+            train(args, outputs)
     except UsageError as err:
         parser.error(str(err))  # exits with code 2, like the other argument errors
     except KeyboardInterrupt:
         if common.is_main_process():
-            print("\ninterrupted: stopped. Checkpoints already on disk are complete and load as "
-                  "usual.", file=sys.stderr)
+            print(f"\ninterrupted: stopped. {outputs.on_disk()}", file=sys.stderr)
         return 130
     except FloatingPointError as err:  # the loss became NaN or inf
         print(f"error{where}: {err} With this script: --lr {args.lr / 10:g} or --clip-grad 1.0. "

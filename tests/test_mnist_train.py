@@ -3,6 +3,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -235,6 +236,75 @@ def test_a_dry_run_does_not_replace_the_real_checkpoint(tiny_mnist, tmp_path, mo
                              "--dry-run"]) == 0
     assert (tmp_path / "checkpoints" / "dry_run_mlp.pt").exists()
     assert not (tmp_path / "checkpoints" / "mnist_mlp.pt").exists()
+
+
+def test_a_new_run_renames_the_earlier_runs_files_instead_of_replacing_them(tiny_mnist, tmp_path,
+                                                                            capsys):
+    save_path = tmp_path / "best.pt"
+    assert train(tiny_mnist, save_path, "--epochs", "1") == 0
+    first = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    epoch_1_acc = common.load_checkpoint(save_path)["val_accuracy"]
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(save_path.stat().st_mtime))
+    capsys.readouterr()
+    assert train(tiny_mnist, save_path, "--epochs", "1", "--seed", "1") == 0
+    out = capsys.readouterr().out
+    kept = tmp_path / f"best.{stamp}.pt"
+    assert (f"an earlier run's files are kept: {save_path} -> {kept} (epoch 1, val acc "
+            f"{epoch_1_acc:.4f}), with its .csv and _mistakes.png") in out
+    ## the earlier run's three files, byte for byte, under the stamped names
+    assert {name: (tmp_path / name.replace("best", f"best.{stamp}", 1)).read_bytes()
+            for name in first} == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*first, f"best.{stamp}.csv", f"best.{stamp}.pt", f"best.{stamp}_mistakes.png"])
+    assert save_path.read_bytes() != first["best.pt"]  # the new run's model, where predict looks
+    ## a third run in the same second as the second one keeps both earlier runs
+    os.utime(save_path, (kept.stat().st_mtime,) * 2)
+    assert train(tiny_mnist, save_path, "--epochs", "1", "--seed", "2") == 0
+    assert (tmp_path / f"best.{stamp}-2.pt").exists() and kept.exists()
+
+
+def test_a_dry_run_replaces_only_its_own_earlier_dry_run(tiny_mnist, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        assert mnist_train.main(["--data-dir", str(tiny_mnist), "--val-size", "200",
+                                 "--dry-run"]) == 0
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "dry_run_mlp.csv", "dry_run_mlp.pt"]
+
+
+def test_ctrl_c_says_what_is_on_disk_and_the_earlier_model_stays_findable(tiny_mnist, tmp_path,
+                                                                        monkeypatch, capsys):
+    save_path = tmp_path / "best.pt"
+    assert train(tiny_mnist, save_path, "--epochs", "1") == 0
+    earlier = save_path.read_bytes()
+    ## Ctrl-C during the new run's first epoch: nothing of the new run is on disk, and the
+    ## earlier model is still where predict.py looks for it.
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(common, "train_one_epoch", interrupted)
+        assert train(tiny_mnist, save_path, "--epochs", "20") == 130
+    err = capsys.readouterr().err.strip()
+    assert err == f"interrupted: stopped. This run saved nothing: {save_path}, an earlier " \
+                  "run's, is unchanged."
+    assert save_path.read_bytes() == earlier
+    ## Ctrl-C after the new run's first save: the message says which model is where.
+    record = mnist_train.record_history
+
+    def record_then_interrupt(*args, **kwargs):
+        record(*args, **kwargs)
+        raise KeyboardInterrupt  # as interrupts_deferred() does for a Ctrl-C held back
+
+    monkeypatch.setattr(mnist_train, "record_history", record_then_interrupt)
+    assert train(tiny_mnist, save_path, "--epochs", "20") == 130
+    err = capsys.readouterr().err.strip()
+    kept = next(tmp_path.glob("best.*.pt"))
+    acc = common.load_checkpoint(save_path)["val_accuracy"]
+    assert err == (f"interrupted: stopped. {save_path} holds this run's best model so far "
+                   f"(epoch 1, val acc {acc:.4f}), complete and loadable; the earlier run's "
+                   f"model is kept as {kept}.")
+    assert kept.read_bytes() == earlier
 
 
 def test_a_damaged_mnist_file_is_named(tiny_mnist_copy, tmp_path, capsys):
