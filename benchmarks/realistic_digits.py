@@ -54,6 +54,7 @@ from torchvision.utils import make_grid, save_image
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 import common
+import digit_cleanup
 import predict
 
 ## New scenarios go at the end: every picture draws from one random stream, so a scenario
@@ -304,7 +305,8 @@ def score(args) -> None:
     warned, wrong = [], []
     for r in rows:
         path, label = folder / r["file"], int(r["label"])
-        digit, warning = predict.preprocess(predict.load_gray(path))  # exactly what predict.py does
+        ## exactly what predict.py does
+        digit, warning = digit_cleanup.preprocess(digit_cleanup.load_gray(path))
         if warning:
             warned.append(f"{r['file']}: {warning}")
         for name, model, checkpoint in models:
@@ -356,7 +358,7 @@ def speed(args) -> None:
         times = []
         for _ in range(5):
             start = time.perf_counter()
-            predict.preprocess(predict.load_gray(photo))
+            digit_cleanup.preprocess(digit_cleanup.load_gray(photo))
             times.append(time.perf_counter() - start)
         print(f"4000 x 3000 JPEG photo: read + preprocess, median of 5: "
               f"{sorted(times)[2]:.3f} s")
@@ -386,7 +388,7 @@ def figure(args) -> None:
     for r in chosen:
         photo = ImageOps.pad(Image.open(folder / r["file"]).convert("RGB"), (112, 112),
                              color=(128, 128, 128))  # the whole picture, as it is
-        digit, _ = predict.preprocess(predict.load_gray(folder / r["file"]))
+        digit, _ = digit_cleanup.preprocess(digit_cleanup.load_gray(folder / r["file"]))
         tiles.append(pil_to_tensor(photo).float() / 255)
         tiles.append(F.interpolate(digit[None, None], size=(112, 112))[0].expand(3, -1, -1))
     grid = make_grid(torch.stack(tiles), nrow=6, padding=4, pad_value=0.5)

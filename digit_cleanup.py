@@ -1,0 +1,515 @@
+"""Turn any picture of a handwritten digit into the 28 x 28 image an MNIST model expects.
+
+    from digit_cleanup import load_gray, preprocess
+
+    digit, warning = preprocess(load_gray(Path("my_digit.jpg")))  # 28 x 28, 0..1, white on black
+
+A model only knows the kind of images it was trained on. MNIST digits are white on black, about
+20x20 pixels inside a 28x28 frame, centred by their centre of mass, with strokes about 2 pixels
+wide. A phone photo of a digit is none of that, so preprocess() turns any picture into such an
+image: it finds the digit on a small copy, cuts it out of the full-resolution picture, removes
+the paper (light, shadows, ruled lines, specks) and gives it MNIST's size, stroke width and
+position. A picture with no digit in it (blank, noise, a speck) gets a warning instead.
+
+predict.py and its page (`python predict.py --serve`) use this module; so does
+benchmarks/realistic_digits.py, which measures it. It reads top to bottom in the order the
+steps run: reading a picture, then turning it into an MNIST digit.
+"""
+
+import math
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
+
+## The settings of the clean-up, in one place.
+Image.MAX_IMAGE_PIXELS = 120_000_000  # above this, refuse: a "decompression bomb" would eat RAM
+MAX_PIXELS = 25_000_000  # bigger pictures are reduced to this as they are read (memory)
+OVERVIEW = 640  # the digit is looked for on a copy at most this many pixels across...
+DIGIT_BOX = 80  # ...then cut out and scaled so its long side is this: MNIST's 20-px box, 4x
+MIN_CONTRAST = 0.08  # ink differs from the paper by this much (0..1) at the least
+## MNIST's digits are about 20 px tall, and its least-inked one, a thin "1", covers 19 pixels:
+## one pixel wide, full height. What makes a digit is its span, then, and a digit can still be
+## read at a third of MNIST's height. Ink that spans fewer pixels than this is a speck.
+SPECK_EXTENT = 6
+
+
+class ImageProblem(Exception):
+    """A picture that cannot be classified; reported for that file, then the next one is tried."""
+
+
+# reading a picture ---------------------------------------------------------------------------
+def load_gray(path: Path) -> torch.Tensor:
+    """Read any picture as a float tensor H x W in 0..1 (0 = black), upright, alpha on white."""
+    if not path.exists():
+        raise ImageProblem("no such file")
+    if path.is_dir():
+        raise ImageProblem("is a directory; pass the image files inside it (e.g. dir/*.png)")
+    if path.stat().st_size == 0:
+        raise ImageProblem("is empty (0 bytes)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(path)  # reads only the header: a bomb is refused before decoding
+            ## draft() asks the JPEG decoder for gray, and for a smaller scale if the picture
+            ## is huge: far less memory. Other formats ignore it and are reduced below.
+            factor = math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))
+            img.draft("L", (img.width // factor, img.height // factor))
+            img.load()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise ImageProblem(f"refused: too many pixels to decode safely ({err})") from None
+    except UnidentifiedImageError:
+        raise ImageProblem("is not an image Pillow can read (PNG, JPEG, BMP, GIF, TIFF, "
+                           "WebP...)") from None
+    except (OSError, SyntaxError, ValueError) as err:
+        raise ImageProblem(f"is truncated or damaged ({err})") from None
+    if max(img.size) < SPECK_EXTENT:
+        raise ImageProblem(f"is only {img.width} x {img.height} pixels: too small to hold a digit")
+    if (factor := math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))) > 1:
+        img = reduce_in_strips(img, factor)  # still huge: it was not a JPEG
+    img = ImageOps.exif_transpose(img)  # phones store "rotate me" in EXIF instead of rotating
+    if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit or float grayscale
+        x = torch.frombuffer(bytearray(img.convert("F").tobytes()), dtype=torch.float32)
+        x = x.view(img.height, img.width).nan_to_num(0.0)
+        ## Such files do not say their white level: 65535 (16 bit), 255 (8 bit) or 1 (float).
+        return x / (65535.0 if x.max() > 255 else 255.0 if x.max() > 1 else 1.0)
+    if img.mode in ("RGBA", "LA", "PA", "P") or "transparency" in img.info:
+        ## Transparent pixels have arbitrary colour underneath (often black, like the ink).
+        ## Put them on white paper, the way the picture looks in a viewer.
+        rgba = img.convert("RGBA")
+        img = Image.alpha_composite(Image.new("RGBA", rgba.size, "white"), rgba)
+    gray = img.convert("L")  # also handles CMYK, palette, 1-bit and YCbCr images
+    x = torch.frombuffer(bytearray(gray.tobytes()), dtype=torch.uint8).view(gray.height, gray.width)
+    return x.float().div_(255)
+
+
+def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
+    """Shrink a decoded picture `factor` times by averaging, a strip at a time, so that memory
+    holds the big picture and a small copy, never a second big one."""
+    ## The small copy is gray right away, except for pictures that have or may have transparency
+    ## (kept as RGBA, for load_gray to put on white; a palette may hold a transparent colour) and
+    ## for 16-bit or float pictures (kept at full depth).
+    if "transparency" in img.info or img.mode in ("RGBA", "LA", "PA", "P"):
+        mode = "RGBA"
+    else:
+        mode = "F" if img.mode == "F" else "I" if img.mode.startswith("I") else "L"
+    small = Image.new(mode, (img.width // factor, img.height // factor))
+    rows = factor * 64  # a strip of the big picture: a few MB at most
+    for top in range(0, small.height * factor, rows):
+        box = (0, top, small.width * factor, min(top + rows, small.height * factor))
+        small.paste(img.crop(box).convert(mode).reduce(factor), (0, top // factor))
+    ## A new picture has no EXIF: carry over the "rotate me" tag, which load_gray applies next.
+    small.getexif()[ExifTags.Base.Orientation] = img.getexif().get(ExifTags.Base.Orientation, 1)
+    return small
+
+
+# turning a picture into an MNIST digit -------------------------------------------------------
+## preprocess() runs the steps below in this order. Each exists for a kind of picture people
+## really send; the comments say which. A few terms from image processing:
+##   paper level    the brightness the paper would have under each pixel without ink; ink is
+##                  measured against it, so shadows, uneven light and coloured paper cancel out
+##   Otsu's method  the threshold that best splits a set of values into two groups (ink, paper)
+##   hysteresis     two thresholds: pixels above the high one are ink, and pixels above the low
+##                  one join them where they touch; a faint stretch of a stroke stays attached
+##   closing        max, then min, over neighbourhoods: dark gaps narrower than the
+##                  neighbourhood close, wider dark areas keep their shape
+##   opening        min, then max: bright runs shorter than the neighbourhood vanish, longer
+##                  ones keep their shape
+##   components     the separate blobs of a mask: pixels that touch (8 neighbours) share one
+
+
+def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
+    """Turn a grayscale picture (H x W, 0..1) into a 28 x 28 MNIST-style digit (white on black).
+
+    Also return a warning when the picture holds no digit to read (else None).
+    """
+    if already_mnist(gray):  # e.g. an MNIST test image: every step below would only blur it
+        return gray.clamp(0, 1), None
+    blank = torch.zeros(28, 28)
+    ## 1. On a small copy: which side is ink, and where is the digit?
+    overview = shrink(gray, OVERVIEW)
+    dark_ink, problem = ink_polarity(overview)
+    if problem:
+        return blank, problem
+    mask = digit_mask(ink_map(overview, dark_ink, paper_block(overview)))
+    if not mask.any():
+        return blank, "no digit found: nothing stands out from the paper"
+    ## 2. Ink and mask again, on the digit alone: cut out of the full-resolution picture and
+    ##    scaled to DIGIT_BOX pixels, so that a small digit is enlarged before any threshold is
+    ##    chosen and its thin strokes and small loops survive.
+    crop, scale = cut_out(gray, mask, gray.shape[0] / overview.shape[0])
+    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)  # blocks wider than a marker's stroke
+    mask = digit_mask(ink)
+    if not mask.any():
+        return blank, "no digit found: nothing stands out from the paper"
+    top, bottom, left, right = bounding_box(mask)
+    extent = max(bottom - top, right - left)
+    if extent / scale < SPECK_EXTENT:
+        return blank, (f"no digit found: the ink is a speck, {extent / scale:.0f} px across, too "
+                       "small to be a digit")
+    ## Keep the soft edge pixels around the strokes (MNIST has them too), but only there.
+    near = F.max_pool2d(mask.float()[None, None], 3, stride=1, padding=1)[0, 0] > 0
+    digit = (ink * near)[top:bottom, left:right]
+    return centre_by_mass(mnist_strokes(digit), 28), None
+
+
+def already_mnist(gray: torch.Tensor) -> bool:
+    """True for a 28 x 28 white-on-black digit that fills about 20 x 20 and is centred by mass."""
+    if gray.shape != (28, 28):
+        return False
+    border = torch.cat([gray[0], gray[-1], gray[:, 0], gray[:, -1]])
+    ink = gray > 0.3
+    if border.max() > 0.2 or not ink.any() or ink.float().mean() > 0.5:  # not white on black
+        return False
+    top, bottom, left, right = bounding_box(ink)
+    extent = max(bottom - top, right - left)
+    total = gray.sum()
+    cy = (gray.sum(dim=1) * torch.arange(28)).sum() / total
+    cx = (gray.sum(dim=0) * torch.arange(28)).sum() / total
+    return bool(16 <= extent <= 22 and abs(cy - 14) <= 1.5 and abs(cx - 14) <= 1.5)
+
+
+def shrink(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Scale down so the long side is at most `size` (area averaging keeps thin strokes)."""
+    scale = size / max(x.shape)
+    if scale >= 1:
+        return x
+    out_size = (max(1, round(x.shape[0] * scale)), max(1, round(x.shape[1] * scale)))
+    return F.interpolate(x[None, None], size=out_size, mode="area")[0, 0]
+
+
+def ink_polarity(x: torch.Tensor) -> tuple[bool, str | None]:
+    """Return (dark_ink, None): dark_ink is True if the ink is darker than the paper. With no
+    ink to find, return (True, why): the True then means nothing."""
+    ## Dark ink on light paper, or a white-on-black drawing? Pixels that differ from the paper
+    ## under them by far more than the paper's own grain are ink, and the ink lies on one side.
+    ## With none on either side the picture is blank, or noise with nothing standing out.
+    residual = x - paper_level(x, max(paper_block(x), min(x.shape) // 4))
+    cut = max(MIN_CONTRAST, 5 * grain(x))
+    darker = (-residual - cut).clamp(min=0).sum()
+    lighter = (residual - cut).clamp(min=0).sum()
+    if darker == lighter == 0:
+        if x.max() - x.min() < MIN_CONTRAST:
+            return True, "no digit found: the picture is blank (one uniform colour)"
+        return True, ("no digit found: no ink stands out from the paper's grain (noise, or a "
+                      "picture too faint)")
+    ## Paper is usually the lighter one: light ink needs the weight of evidence *and* a dark
+    ## picture with a dark border, as a white-on-black drawing or a blackboard has.
+    border = torch.cat([x[0], x[-1], x[:, 0], x[:, -1]])
+    return not (lighter > darker and x.median() < 0.5 and border.median() < 0.5), None
+
+
+def paper_block(x: torch.Tensor) -> int:
+    """Block size for paper_level on a whole picture: wider than a stroke, narrower than a
+    shadow."""
+    return max(6, max(x.shape) // 24)
+
+
+def paper_level(x: torch.Tensor, block: int, dark_ink: bool | None = None) -> torch.Tensor:
+    """The brightness of the paper under every pixel, ink or not, from blocks of the picture.
+
+    `dark_ink`: True or False when the ink's side is known, None when it is not (yet).
+    """
+    v = x if dark_ink is not False else 1 - x  # light ink: work on the negative, then undo
+    h, w = v.shape
+    b = max(2, min(block, h, w))
+    ## Pad the right and bottom edges up to whole blocks (-w % b: the pixels missing).
+    padded = F.pad(v[None, None], (0, -w % b, 0, -h % b), mode="replicate")[0, 0]
+    cells = padded.unfold(0, b, b).unfold(1, b, b).reshape(-1, b * b)  # one row per block
+    shape = (padded.shape[0] // b, padded.shape[1] // b)
+    if dark_ink is None:
+        ## Ink on an unknown side: the median of a block is the paper as long as ink covers
+        ## less than half of it, and each block also takes the median of its neighbours'.
+        grid = neighbours(cells.median(dim=1).values.view(shape)).median(dim=-1).values
+    else:
+        ## The ink is dark now (light ink was turned into its negative above): the paper is the
+        ## bright part of each block, even in a block that a thick stroke mostly covers. Then a
+        ## "closing" on the grid of blocks: each takes the brightest of its neighbours (which
+        ## fills blocks inside a stroke), then the darkest of those (which puts the edge of a
+        ## shadow back where it was).
+        grid = cells.quantile(0.9, dim=1).view(shape)  # not the max: a noisy pixel can be brighter
+        grid = neighbours(neighbours(grid).amax(dim=-1)).amin(dim=-1)
+    full = F.interpolate(grid[None, None], size=padded.shape, mode="bilinear",
+                         align_corners=False)[0, 0][:h, :w]
+    return full if dark_ink is not False else 1 - full
+
+
+def neighbours(grid: torch.Tensor) -> torch.Tensor:
+    """For each cell of a 2-D grid, its 3 x 3 neighbourhood (edges repeated): H x W x 9."""
+    padded = F.pad(grid[None, None], (1, 1, 1, 1), mode="replicate")[0, 0]
+    return padded.unfold(0, 3, 1).unfold(1, 3, 1).reshape(*grid.shape, 9)
+
+
+def grain(x: torch.Tensor) -> float:
+    """How much the paper varies from pixel to pixel: a robust standard deviation of its noise."""
+    ## Differences between neighbouring pixels cancel slow changes of light; the edges of
+    ## strokes are too few to move their median, however much of the picture the ink covers.
+    ## 1.4826 x a median of absolute values is a standard deviation (for normal noise), and
+    ## the difference of two pixels has sqrt(2) times the noise of one.
+    steps = x.flatten().diff().abs()
+    return 1.4826 * float(steps.median()) / math.sqrt(2) if steps.numel() else 0.0
+
+
+def ink_map(x: torch.Tensor, dark_ink: bool, block: int) -> torch.Tensor:
+    """How much ink each pixel holds, 0..1, scaled so that the pen's typical ink is 1."""
+    ## Ink is measured against the paper under it, so that uneven light, a shadow or coloured
+    ## paper cancel out: darkness relative to the paper for dark ink, brightness for light ink.
+    paper = paper_level(x, block, dark_ink)
+    if dark_ink:
+        ink = (paper - x) / paper.clamp(min=0.1)  # a share of the paper: the same pen in dim light
+    else:
+        ink = (x - paper) / (1 - paper).clamp(min=0.1)
+    ## Contrast: a pencil is fainter than a marker. Among the pixels that stand out from the
+    ## paper by far more than its grain, the strong group (Otsu's threshold) is the pen; its
+    ## 90th percentile becomes 1, so a few extra-dark pixels do not set the scale.
+    clear = ink[ink > max(MIN_CONTRAST, 5 * grain(ink))]
+    if clear.numel() == 0:
+        return torch.zeros_like(ink)
+    strong = clear[clear >= otsu_threshold(clear)]
+    return (ink / strong.quantile(0.9)).clamp(0, 1)
+
+
+def otsu_threshold(values: torch.Tensor) -> float:
+    """The cut that best separates two groups of values in 0..1 (Otsu's method, 64 bins)."""
+    hist = torch.histc(values.flatten(), bins=64, min=0, max=1)
+    centres = (torch.arange(64) + 0.5) / 64
+    weight = hist.cumsum(0)  # pixels at or below each cut
+    mean_low = (hist * centres).cumsum(0) / weight.clamp(min=1)
+    mean_high = ((hist * centres).sum() - (hist * centres).cumsum(0)) / (
+        weight[-1] - weight).clamp(min=1)
+    ## The best cut makes the two groups both big and far apart: it maximises
+    ## (pixels below) x (pixels above) x (difference of their means)^2. The cut lies at the top
+    ## edge of its bin.
+    between = weight * (weight[-1] - weight) * (mean_low - mean_high) ** 2
+    return float(centres[between.argmax()] + 0.5 / 64)
+
+
+def digit_mask(ink: torch.Tensor) -> torch.Tensor:
+    """Pixels of the digit's strokes: clear ink, without ruled lines, specks or page edges."""
+    mask = grow(ink > 0.55, ink > 0.4)  # faint pixels count where they continue a clear stroke
+    mask &= ~ruled_lines(mask)  # squared or lined paper
+    return keep_digit(mask)  # drop specks, page edges, other marks
+
+
+def grow(seeds: torch.Tensor, allowed: torch.Tensor, steps: int = 64) -> torch.Tensor:
+    """Grow `seeds` into the connected pixels of `allowed` ("hysteresis" thresholding)."""
+    ## A JPEG-softened stroke fades in places: those faint pixels join the digit where they
+    ## connect to clear ink (the bar of a 5, the top of a 9's loop), while faint marks that
+    ## touch no clear ink stay out.
+    mask = seeds & allowed
+    for _ in range(steps):
+        grown = F.max_pool2d(mask.float()[None, None], 3, 1, 1)[0, 0].bool() & allowed
+        if torch.equal(grown, mask):
+            break
+        mask = grown
+    return mask
+
+
+def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
+    """Pixels of printed lines that run across the picture (squared or lined paper)."""
+    ## A line is a long, straight, thin run of ink. A run at least 1/5 of the picture wide
+    ## survives an opening along the line; a slight tilt is tolerated by smearing the mask a
+    ## pixel across it first. A digit's strokes are never this long *and* straight *and*
+    ## repeated: only when two or more such lines span the picture is the paper ruled, and only
+    ## then are they removed. This runs on a copy at most 256 pixels across.
+    small, restore = at_most(mask, 256)
+    lines = torch.zeros_like(small)
+    for along in (0, 1):  # 0: horizontal lines, 1: vertical lines
+        m = (small if along == 0 else small.T).float()[None, None]
+        run = max(8, m.shape[3] // 5) | 1  # odd, so that padding keeps the size
+        smeared = F.max_pool2d(m, (3, 1), 1, (1, 0))
+        opened = -F.max_pool2d(-smeared, (1, run), 1, (0, run // 2))
+        opened = F.max_pool2d(opened, (1, run), 1, (0, run // 2))[0, 0]
+        on_line = (opened > 0) & (m[0, 0] > 0)
+        full_rows = on_line.float().mean(dim=1) > 0.6  # rows where a line spans the picture
+        ## A line several pixels thick fills neighbouring rows: count each run of rows once.
+        separate_lines = (full_rows[1:] & ~full_rows[:-1]).sum() + full_rows[0]
+        if separate_lines >= 2:
+            ## Spare the pixels where a stroke crosses a line (ink runs on 2 px to both sides
+            ## of it, wider than a printed line), so that the line does not cut the digit in two.
+            crossing = -F.max_pool2d(-m, (5, 1), 1, (2, 0))[0, 0] > 0
+            found = on_line & full_rows[:, None] & ~crossing
+            lines |= found if along == 0 else found.T
+    return restore(lines) & mask
+
+
+def at_most(mask: torch.Tensor, size: int):
+    """Shrink a mask (keeping every inked pixel) to at most `size` pixels across.
+
+    Returns the small mask and a function that scales a small mask back to the full size.
+    """
+    scale = size / max(mask.shape)
+    if scale >= 1:
+        return mask, lambda small: small
+    shape = (max(1, round(mask.shape[0] * scale)), max(1, round(mask.shape[1] * scale)))
+    small = F.adaptive_max_pool2d(mask.float()[None, None], shape)[0, 0] > 0
+
+    def restore(small: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(small.float()[None, None], size=mask.shape, mode="nearest")[0, 0] > 0
+
+    return small, restore
+
+
+def keep_digit(mask: torch.Tensor) -> torch.Tensor:
+    """Keep the digit's strokes: the main blob of ink and the pieces close to it."""
+    ## Work on a copy at most 128 pixels across: enough to tell blobs apart, and fast.
+    small, restore = at_most(mask, 128)
+    labels = components(small)
+    count = int(labels.max())
+    if count == 0:
+        return mask
+    h, w = small.shape
+    ## For each blob (index = its label): its area in pixels, and its bounding box (the
+    ## smallest and largest row and column among its pixels).
+    ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    area = torch.zeros(count + 1).index_add_(0, labels.flatten(), torch.ones(h * w))
+    top = torch.full((count + 1,), h).scatter_reduce(0, labels.flatten(), ys.flatten(), "amin")
+    bottom = torch.zeros(count + 1, dtype=torch.long).scatter_reduce(
+        0, labels.flatten(), ys.flatten(), "amax")
+    left = torch.full((count + 1,), w).scatter_reduce(0, labels.flatten(), xs.flatten(), "amin")
+    right = torch.zeros(count + 1, dtype=torch.long).scatter_reduce(
+        0, labels.flatten(), xs.flatten(), "amax")
+    ## Edges of the page, the table beyond it: marks that run along the picture's border, over
+    ## much of its length. They count for little when choosing the digit. (A tightly cropped
+    ## digit touches the border too, but only where its strokes end.)
+    def contact(line: torch.Tensor) -> torch.Tensor:  # share of a border line on each blob
+        return torch.zeros(count + 1).index_add_(0, line, torch.ones(len(line))) / len(line)
+
+    edges = torch.stack([contact(line) for line in (labels[0], labels[-1], labels[:, 0],
+                                                     labels[:, -1])])
+    edge_share = edges.amax(dim=0)  # the most of any one border line that each blob covers
+    score = area * torch.where(edge_share > 0.4, 0.2, 1.0)
+    score[0] = -1
+    main = int(score.argmax())
+    ## Pieces of the same digit (a "5" whose bar is detached, a broken pencil line) lie within
+    ## half a digit of the main blob; specks and other marks lie further away or are tiny.
+    size = max(bottom[main] - top[main], right[main] - left[main]) + 1
+    ## gap: empty rows or columns between each blob's box and the main blob's (0: they overlap)
+    gap = torch.maximum(torch.maximum(top - bottom[main], top[main] - bottom),
+                        torch.maximum(left - right[main], left[main] - right)).clamp(min=0)
+    ## However small, a piece close to the digit's strokes is part of a stroke that broke
+    ## apart, not a speck: a faint loop top that came out as a row of dashes. Widened by a
+    ## 32nd of the digit's size on each side (whole pixels: none under 32), such pieces
+    ## touch, dash by dash, and join the main blob.
+    k = int(size) // 32 * 2 + 1  # odd: the window that widens
+    joined = components(F.max_pool2d(small.float()[None, None], k, 1, k // 2)[0, 0] > 0)
+    ## linked: the blobs inside the same widened region as the main blob
+    linked = torch.zeros(count + 1, dtype=torch.bool)
+    linked[labels[joined == joined[labels == main][0]].unique()] = True
+    ## Either kind stays only within half a digit (a chain of specks on grainy paper must not
+    ## spread over the page), and pieces at the border go, unless the digit is there too.
+    touches = edge_share > 0
+    keep = ((gap <= size / 2) & ((area >= 0.05 * area[main]) | linked)
+            & ~(touches & ~touches[main]))
+    keep[0], keep[main] = False, True
+    return mask & restore(keep[labels])
+
+
+def components(mask: torch.Tensor) -> torch.Tensor:
+    """Label 8-connected regions of a boolean mask: 0 = background, 1, 2, ... = regions."""
+    ## Every pixel starts with its own number (its index + 1) and repeatedly takes the largest
+    ## number among its neighbours, until each region carries a single number. That alone
+    ## needs as many rounds as a region is long. "Pointer jumping" speeds it up: a number is
+    ## also the address of the pixel it came from, so each pixel also takes the number that
+    ## pixel holds now, 4 hops per round. (Floats: max-pooling needs them; they hold whole
+    ## numbers exactly.)
+    flat_mask = mask.flatten()
+    labels = torch.arange(1, mask.numel() + 1, dtype=torch.float32) * flat_mask
+    while True:
+        grown = F.max_pool2d(labels.view(1, 1, *mask.shape), 3, 1, 1).flatten() * flat_mask
+        for _ in range(4):
+            grown = torch.maximum(grown, grown[(grown.long() - 1).clamp(min=0)] * flat_mask)
+        if torch.equal(grown, labels):
+            ## Renumber 0, 1, 2, ...; the 0 put in front keeps 0 for the background even when
+            ## the mask has no background at all.
+            numbers = torch.unique(torch.cat([torch.zeros(1), labels]), return_inverse=True)[1]
+            return numbers[1:].view(mask.shape)
+        labels = grown
+
+
+def cut_out(gray: torch.Tensor, mask: torch.Tensor,
+            factor: float) -> tuple[torch.Tensor, float]:
+    """The digit that `mask` marks on a copy `factor` times smaller, cut out of `gray` with a
+    margin of paper, scaled so its long side is DIGIT_BOX pixels; and that scale."""
+    top, bottom, left, right = (side * factor for side in bounding_box(mask))
+    size = max(bottom - top, right - left)
+    margin = size / 2 + 2  # enough paper around the digit to measure the paper by
+    h, w = gray.shape
+    crop = gray[max(0, int(top - margin)) : min(h, int(bottom + margin) + 1),
+                max(0, int(left - margin)) : min(w, int(right + margin) + 1)]
+    scale = DIGIT_BOX / size
+    out_size = (max(1, round(crop.shape[0] * scale)), max(1, round(crop.shape[1] * scale)))
+    mode = "area" if scale < 1 else "bicubic"  # bicubic: enlarged strokes stay crisp
+    resized = F.interpolate(crop[None, None], size=out_size, mode=mode)[0, 0]
+    return resized.clamp(0, 1), scale
+
+
+def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
+    """Scale the cropped digit into MNIST's 20 x 20 box, with MNIST's stroke width."""
+    ## Work at 4x the final size (an 80-pixel box), where stroke width can be measured and
+    ## adjusted in whole pixels, then shrink by averaging 4x4 blocks: that gives the soft,
+    ## anti-aliased edges MNIST digits have. Measured the way stroke_width() measures, MNIST's
+    ## strokes are 1.3 to 3.1 px wide in the 20-px box for 90% of its digits, 2 px typically.
+    big = fit(digit, DIGIT_BOX)
+    big = big / big.flatten().quantile(0.99).clamp(min=1e-3)  # faint thin lines back to full ink
+    big = F.pad(big.clamp(0, 1), (12, 12, 12, 12))  # black room for strokes to grow into
+    width = stroke_width(big > 0.5)
+    ## Widths of 6 to 14 px here (1.5 to 3.5 px in the box: 85% of MNIST's digits) are left
+    ## alone. Thinner strokes (a mouse's 1-px line) and thicker ones (a marker) are brought to
+    ## 9.5 px, a little above typical: on benchmarks/realistic_digits.py's pictures, models read
+    ## that as well as 8 px.
+    steps = 0 if 6 <= width <= 14 else round((9.5 - width) / 2)  # pixels to add on each side
+    if steps:
+        k = 2 * abs(steps) + 1
+        x = big[None, None]  # max-pooling spreads ink (thicker); min-pooling, the reverse
+        x = F.max_pool2d(x, k, 1, k // 2) if steps > 0 else -F.max_pool2d(-x, k, 1, k // 2)
+        big = x[0, 0]
+    if not (big > 0.5).any():  # thinning erased it: keep the unthinned version
+        return F.avg_pool2d(fit(digit, DIGIT_BOX)[None, None], 4)[0, 0]
+    top, bottom, left, right = bounding_box(big > 0.5)
+    big = fit(big[top:bottom, left:right], DIGIT_BOX)
+    h, w = big.shape
+    big = F.pad(big, (0, -w % 4, 0, -h % 4))  # whole 4x4 blocks
+    return F.avg_pool2d(big[None, None], 4)[0, 0]
+
+
+def bounding_box(mask: torch.Tensor) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) of a mask's True pixels, as slice bounds: mask[top:bottom,
+    left:right] holds them all. The mask must have at least one."""
+    rows, cols = mask.any(dim=1).nonzero()[:, 0], mask.any(dim=0).nonzero()[:, 0]
+    return int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+
+
+def fit(x: torch.Tensor, box: int) -> torch.Tensor:
+    """Resize so that the longer side is `box` pixels, keeping the aspect ratio."""
+    h, w = x.shape
+    scale = box / max(h, w)
+    size = (max(1, round(h * scale)), max(1, round(w * scale)))
+    mode = "area" if scale < 1 else "bilinear"  # area averaging when shrinking: no aliasing
+    return F.interpolate(x[None, None], size=size, mode=mode)[0, 0].clamp(0, 1)
+
+
+def stroke_width(mask: torch.Tensor) -> float:
+    """Average stroke width in pixels: area divided by half the outline's length."""
+    ## A stroke of width w and length L covers w x L pixels and has an outline of about 2 x L
+    ## pixels (one edge on each side), so w = area / (outline / 2).
+    m = mask.float()[None, None]
+    inner = -F.max_pool2d(-m, 3, stride=1, padding=1)  # pixels whose 8 neighbours are all ink
+    outline = (m - inner).sum()
+    return float(2 * m.sum() / outline.clamp(min=1))
+
+
+def centre_by_mass(digit: torch.Tensor, size: int) -> torch.Tensor:
+    """Paste `digit` into a size x size black frame with its centre of mass in the middle."""
+    h, w = digit.shape
+    total = digit.sum().clamp(min=1e-6)
+    cy = (digit.sum(dim=1) * torch.arange(h)).sum() / total
+    cx = (digit.sum(dim=0) * torch.arange(w)).sum() / total
+    top = round(size / 2 - cy.item())  # MNIST's centre of mass: row 14, column 14 (from 0)
+    left = round(size / 2 - cx.item())
+    top, left = min(max(top, 0), size - h), min(max(left, 0), size - w)  # stay inside the frame
+    out = torch.zeros(size, size)
+    out[top : top + h, left : left + w] = digit
+    return out

@@ -1,0 +1,450 @@
+"""digit_cleanup.py: any picture in, a 28 x 28 MNIST-style digit out (or a warning)."""
+
+import io
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import digit_picture
+from PIL import Image, ImageDraw, ImageFont
+
+import digit_cleanup
+
+
+def digit_of(gray):
+    """preprocess() for a picture that holds a digit: the 28x28 image, and no warning."""
+    digit, warning = digit_cleanup.preprocess(gray)
+    assert warning is None, warning
+    return digit
+
+
+def centre_of_mass(x):
+    total = x.sum()
+    return ((x.sum(1) * torch.arange(28)).sum() / total).item(), \
+        ((x.sum(0) * torch.arange(28)).sum() / total).item()
+
+
+def to_gray(img):
+    gray = img.convert("L")
+    return torch.frombuffer(bytearray(gray.tobytes()), dtype=torch.uint8).view(
+        gray.height, gray.width).float() / 255
+
+
+def test_a_dark_off_centre_photo_becomes_a_centred_white_on_black_digit():
+    picture = digit_picture(8, size=(400, 300), centre=(290, 80), font_size=120)
+    x = digit_of(to_gray(picture))
+    assert x.shape == (28, 28)
+    assert x.max() == pytest.approx(1.0, abs=0.05) and x.min() == 0
+    inked = (x > 0.1).nonzero()
+    height = inked[:, 0].max() - inked[:, 0].min() + 1
+    width = inked[:, 1].max() - inked[:, 1].min() + 1
+    assert max(height, width) in (19, 20, 21)  # scaled to fit a 20x20 box
+    assert torch.all(x[:2] == 0) and torch.all(x[-2:] == 0)  # black border, as in MNIST
+    cy, cx = centre_of_mass(x)
+    assert abs(cy - 14) <= 0.5 and abs(cx - 14) <= 0.5
+
+
+def test_the_result_does_not_depend_on_polarity_or_position():
+    dark_on_light = digit_of(to_gray(digit_picture(4, centre=(100, 90))))
+    light_on_dark = digit_of(to_gray(digit_picture(4, ink=(250, 250, 250),
+                                                             paper=(10, 10, 10))))
+    assert (dark_on_light - light_on_dark).abs().mean() < 0.02
+
+
+def test_an_mnist_style_image_passes_through_unchanged():
+    once = digit_of(to_gray(digit_picture(3)))
+    assert torch.equal(digit_of(once), once)
+    ## but a small digit in the corner of a 28x28 black canvas is still scaled and centred
+    corner = torch.zeros(28, 28)
+    corner[1:11, 1:11] = F.interpolate(once[None, None], size=(10, 10), mode="area")[0, 0]
+    fixed = digit_of(corner)
+    rows = (fixed > 0.3).any(dim=1).nonzero()[:, 0]
+    assert 17 <= rows[-1] - rows[0] + 1 <= 21
+    assert all(abs(c - 14) < 1 for c in centre_of_mass(fixed))
+
+
+def test_transparency_and_exif_rotation_are_respected(tmp_path):
+    reference = digit_of(to_gray(digit_picture(2, paper=(255, 255, 255),
+                                                         ink=(0, 0, 0))))
+    ## black ink on a fully transparent (black underneath) background
+    rgba = digit_picture(2, paper=(0, 0, 0), ink=(0, 0, 0)).convert("RGBA")
+    alpha = digit_picture(2, paper=(0, 0, 0), ink=(255, 255, 255)).convert("L")
+    rgba.putalpha(alpha)
+    rgba.save(tmp_path / "transparent.png")
+    ## a phone photo stored sideways, with EXIF orientation 6 ("rotate 90 degrees clockwise")
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    digit_picture(2, paper=(255, 255, 255), ink=(0, 0, 0)).rotate(90, expand=True).save(
+        tmp_path / "sideways.png", exif=exif)
+    for name in ("transparent.png", "sideways.png"):
+        x = digit_of(digit_cleanup.load_gray(tmp_path / name))
+        assert (x - reference).abs().mean() < 0.02, name
+
+
+# reading every kind of picture ------------------------------------------------------------------
+def reference_digit():
+    return digit_of(to_gray(digit_picture(2, paper=(255, 255, 255), ink=(0, 0, 0))))
+
+
+def save_in_mode(tmp_path, mode):
+    img = digit_picture(2, paper=(255, 255, 255), ink=(0, 0, 0))
+    path = tmp_path / f"digit_{mode.replace(';', '_')}.{'jpg' if mode == 'CMYK' else 'png'}"
+    if mode == "I;16":  # 16-bit grayscale: 0..65535
+        gray = img.convert("L")
+        img = Image.new("I;16", gray.size)
+        img.frombytes(b"".join(int(v * 257).to_bytes(2, "little") for v in gray.tobytes()))
+    elif mode == "LA":  # gray + alpha: ink opaque, paper transparent (and black underneath)
+        alpha = img.convert("L").point(lambda v: 255 - v)
+        img = Image.merge("LA", (Image.new("L", img.size, 0), alpha))
+    else:
+        img = img.convert(mode)
+    img.save(path)
+    return path
+
+
+@pytest.mark.parametrize("mode", ["I;16", "P", "RGBA", "LA", "CMYK", "1"])
+def test_unusual_image_modes_are_read_correctly(tmp_path, mode):
+    x = digit_of(digit_cleanup.load_gray(save_in_mode(tmp_path, mode)))
+    assert (x - reference_digit()).abs().mean() < 0.03, mode
+
+
+def tiny_png_header(width, height):
+    """A PNG that claims to be width x height: enough for Pillow to read its size."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(
+            ">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))\
+        + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.mkdir(), "is a directory"),
+    (lambda p: p.write_bytes(b""), "is empty (0 bytes)"),
+    (lambda p: p.write_text("just text"), "is not an image Pillow can read"),
+    (lambda p: p.write_bytes(tiny_png_header(60_000, 60_000)), "refused: too many pixels"),
+])
+def test_each_kind_of_bad_file_gets_its_own_message(tmp_path, make, message):
+    path = tmp_path / "bad.png"
+    make(path)
+    with pytest.raises(digit_cleanup.ImageProblem, match=re.escape(message)):
+        digit_cleanup.load_gray(path)
+
+
+def test_a_truncated_image_is_reported(tmp_path):
+    digit_picture(3).save(tmp_path / "full.jpg", quality=95)
+    data = (tmp_path / "full.jpg").read_bytes()
+    (tmp_path / "cut.jpg").write_bytes(data[: len(data) // 2])
+    with pytest.raises(digit_cleanup.ImageProblem, match="truncated or damaged"):
+        digit_cleanup.load_gray(tmp_path / "cut.jpg")
+
+
+# robustness to real pictures --------------------------------------------------------------------
+def plain():
+    return digit_of(to_gray(digit_picture(5)))
+
+
+def close_to_plain(picture, tolerance=0.06):
+    x = digit_of(to_gray(picture))
+    return (x - plain()).abs().mean().item() < tolerance, (x - plain()).abs().mean().item()
+
+
+def test_grid_and_ruled_lines_are_removed():
+    for step, grid in ((14, True), (18, False)):
+        picture = digit_picture(5)
+        pixels = picture.load()
+        for y in range(picture.height):
+            for x in range(picture.width):
+                if y % step == 3 or (grid and x % step == 3):
+                    pixels[x, y] = (90, 110, 150)  # dark, blue-grey printed lines
+        ok, diff = close_to_plain(picture)
+        assert ok, (step, grid, diff)
+
+
+def test_uneven_light_and_coloured_paper_are_evened_out():
+    from PIL import ImageChops
+
+    picture = digit_picture(5, paper=(250, 235, 120))  # yellow paper
+    light = Image.linear_gradient("L").rotate(60).resize(picture.size)  # dark corner to bright
+    light = light.point(lambda v: 110 + v * 145 // 255).convert("RGB")
+    ok, diff = close_to_plain(ImageChops.multiply(picture, light))
+    assert ok, diff
+
+
+def test_specks_and_a_page_edge_are_ignored():
+    picture = digit_picture(5, size=(400, 300), centre=(200, 150))
+    pixels = picture.load()
+    for x, y in ((20, 30), (370, 40), (60, 260), (330, 270)):  # dust and dots
+        for dx in range(3):
+            for dy in range(3):
+                pixels[x + dx, y + dy] = (20, 20, 20)
+    for y in range(300):  # the dark table beyond the paper's left edge
+        for x in range(12):
+            pixels[x, y] = (60, 50, 40)
+    ok, diff = close_to_plain(picture)
+    assert ok, diff
+
+
+@pytest.mark.parametrize("pen", [1, 3, 40])  # a 1-px mouse line, a pen, a fat marker
+def test_strokes_of_any_width_get_mnist_width(pen):
+    from PIL import ImageDraw
+
+    picture = Image.new("RGB", (400, 400), "white")
+    ImageDraw.Draw(picture).line([(110, 70), (290, 70), (170, 330)], fill="black", width=pen)
+    x = digit_of(to_gray(picture))
+    width = digit_cleanup.stroke_width(F.interpolate(x[None, None], scale_factor=4, mode="bilinear")
+                                 [0, 0] > 0.5) / 4
+    assert 1.8 < width < 3.2, width  # aimed at 9.5 / 4 = 2.4 px, a usual MNIST width
+
+
+def test_tight_crops_and_big_margins_give_the_same_digit():
+    tight = digit_picture(5).crop((95, 40, 205, 180))
+    margin = digit_picture(5, size=(1200, 900), centre=(800, 300), font_size=150)
+    for picture in (tight, margin):
+        ok, diff = close_to_plain(picture, tolerance=0.08)
+        assert ok, diff
+
+
+def test_an_mnist_image_stays_as_it_is(tiny_mnist):
+    import common
+
+    images, _ = common.load_mnist(tiny_mnist, train=False)
+    passed_through = 0
+    for image in images[:20]:
+        x = image.float() / 255
+        once = digit_of(x)
+        if digit_cleanup.already_mnist(x):  # 28x28, white on black, ~20 px tall, centred
+            assert torch.equal(once, x)
+            passed_through += 1
+        assert torch.equal(digit_of(once), once)  # the output is MNIST-like itself
+    assert 0 < passed_through < 20  # the font digits come in MNIST's size and smaller
+
+
+def test_components_number_regions_from_1_and_keep_0_for_the_background():
+    mask = torch.tensor([[1, 0, 0, 1],
+                         [0, 1, 0, 1],  # the top-left pixels touch corner to corner: one region
+                         [0, 0, 0, 0],
+                         [1, 1, 0, 0]], dtype=torch.bool)
+    labels = digit_cleanup.components(mask)
+    assert (labels == 0).equal(~mask)  # background, and only background, is 0
+    assert labels.max() == 3
+    assert labels[0, 0] == labels[1, 1] != labels[0, 3] == labels[1, 3] != labels[3, 0]
+    assert digit_cleanup.components(torch.ones(3, 3, dtype=torch.bool)).tolist() == [[1] * 3] * 3
+
+
+# small and low-resolution digits ------------------------------------------------------------
+def jpeg(picture, quality):
+    """The picture after a round trip through JPEG, as a gray tensor."""
+    buffer = io.BytesIO()
+    picture.save(buffer, format="JPEG", quality=quality)
+    return to_gray(Image.open(buffer))
+
+
+def loops(digit):
+    """How many closed loops the strokes of a 28x28 digit make (holes in its ink)."""
+    paper = digit <= 0.4
+    border = torch.zeros_like(paper)
+    border[0], border[-1], border[:, 0], border[:, -1] = True, True, True, True
+    ## the paper that the edge reaches
+    outside = digit_cleanup.grow(border & paper, paper, steps=paper.numel())
+    return int(digit_cleanup.components(paper & ~outside).max())
+
+
+def small_nine(height=12, scale=8):
+    """A dark 9 `height` px tall with a narrow loop, anti-aliased, in a 28x28 RGB picture."""
+    ## Drawn 8x larger and shrunk by averaging, so its edges are soft as a camera's are.
+    big = Image.new("L", (28 * scale, 28 * scale), 245)
+    draw = ImageDraw.Draw(big)
+    h, w, pen, top, left = height * scale, int(height * scale * 0.35), 12, 8 * scale, 11 * scale
+    draw.ellipse([left, top, left + w, top + int(h * 0.45)], outline=25, width=pen)
+    draw.line([left + w - pen // 2, top + int(h * 0.22), left + int(w * 0.7), top + h], fill=25,
+              width=pen)
+    return big.resize((28, 28), Image.BOX).convert("RGB")
+
+
+@pytest.mark.parametrize("quality", [60, 70, 85])
+def test_a_12_px_jpeg_softened_9_keeps_its_loop(quality):
+    ## Enlarging the few pixels of such a 9 smoothly and then thresholding them at a fixed level
+    ## fills its loop, and the 9 becomes a 7 or a 1. It is enlarged before the threshold is
+    ## chosen, and the ink is grown from clear pixels, so the loop stays open.
+    gray = jpeg(small_nine(), quality)
+    ink = (gray < 0.6).nonzero()
+    assert ink[:, 0].max() - ink[:, 0].min() + 1 == 12  # the digit really is 12 px tall
+    assert loops(digit_of(gray)) == 1
+
+
+def test_faint_pixels_join_the_digit_only_where_they_continue_clear_ink():
+    ## Ink as the digit's cleanup sees it: the body and the bar of a 5, clear (1.0), touching
+    ## only through two faint pixels (0.45); and a faint smudge (0.45) that touches nothing.
+    ink = torch.zeros(80, 80)
+    ink[20:60, 20:24] = 1.0  # the stem and body, simplified
+    ink[56:60, 20:50] = 1.0
+    ink[20:24, 26:50] = 1.0  # the bar, two pixels away from the stem...
+    ink[21:23, 24:26] = 0.45  # ...joined to it by faint pixels
+    ink[40:46, 60:66] = 0.45  # a faint smudge on its own
+    mask = digit_cleanup.digit_mask(ink)
+    assert digit_cleanup.components(mask).max() == 1  # one digit: the bar stays attached
+    assert mask[21:23, 24:26].all() and mask[20:24, 26:50].all()
+    assert not mask[40:46, 60:66].any()
+    assert not digit_cleanup.grow(ink > 0.55, ink > 0.4)[40:46, 60:66].any()
+
+
+def test_the_broken_top_of_a_loop_stays_but_a_speck_of_the_same_size_goes():
+    ## A thin 9 whose faint loop top came out of the threshold as four short dashes, each
+    ## far under 5% of the digit's ink, and a speck just as small, further off.
+    mask = torch.zeros(80, 60, dtype=torch.bool)
+    mask[14:40, 10:13] = True  # the left of the loop
+    mask[37:40, 10:40] = True  # the bottom of the loop
+    mask[14:78, 37:40] = True  # the right of the loop, and the stem
+    dashes = [(15, 17), (21, 23), (27, 29), (33, 34)]  # first and last column of each
+    for first, last in dashes:  # 3 px apart; the middle two are 8 px from the rest of the 9
+        mask[11:13, first : last + 1] = True
+    mask[60:62, 14:18] = True  # a speck as big as a dash, 20 px from the 9
+    kept = digit_cleanup.keep_digit(mask)
+    for first, last in dashes:
+        assert kept[11:13, first : last + 1].all()
+    assert not kept[60:62, 14:18].any()
+    assert kept[14:78, 37:40].all()
+
+
+def test_a_chain_of_specks_on_grainy_paper_does_not_spread_over_the_page():
+    mask = torch.zeros(120, 120, dtype=torch.bool)
+    mask[10:51, 10:51] = True
+    mask[14:47, 14:47] = False  # a ring, 41 px across: the digit
+    for left in range(52, 115, 3):
+        mask[30:32, left : left + 2] = True  # specks 1 px apart, from the ring to the edge
+    kept = digit_cleanup.keep_digit(mask)
+    assert kept[30:32, 52:54].all()  # the first speck might be a piece of the stroke
+    assert not kept[:, 75:].any()  # but the chain stops within half a digit of it
+
+
+def test_a_small_5_with_a_faint_join_comes_out_whole():
+    ## The same in a picture: a 5 about 18 px tall whose bar hangs on by two pale pixels.
+    picture = Image.new("L", (40, 40), 240)
+    draw = ImageDraw.Draw(picture)
+    draw.line([(15, 12), (15, 20)], fill=20, width=2)  # the stem
+    draw.arc([(12, 18), (26, 30)], start=-120, end=150, fill=20, width=2)  # the belly
+    draw.line([(18, 11), (26, 11)], fill=20, width=2)  # the bar, one pixel from the stem...
+    draw.point([(17, 11), (17, 12)], fill=150)  # ...joined to it by two faint pixels only
+    digit = digit_of(jpeg(picture.convert("RGB"), 75))
+    rows = (digit > 0.3).any(dim=1).nonzero()[:, 0]
+    assert rows[-1] - rows[0] + 1 >= 18  # bar and belly both there: the digit is full height
+    assert (digit[rows[0] : rows[0] + 3] > 0.3).any(dim=0).sum() >= 6  # the bar, across the top
+    assert digit_cleanup.components(digit > 0.3).max() == 1  # in one piece
+
+
+def test_a_30_px_digit_in_a_3000_px_picture_is_cut_out_at_full_resolution():
+    def picture(size, centre):
+        img = Image.new("L", size, 235)
+        ImageDraw.Draw(img).text(centre, "8", fill=25, anchor="mm",
+                                 font=ImageFont.load_default(size=40))  # an 8, 30 px tall
+        return to_gray(img)
+
+    def difference(x, y):  # mean absolute difference, allowing a shift of one pixel
+        return min((x - torch.roll(y, (i, j), (0, 1))).abs().mean().item()
+                   for i in (-1, 0, 1) for j in (-1, 0, 1))
+
+    alone = digit_of(picture((100, 100), (50, 50)))
+    big = picture((3000, 3000), (2100, 700))
+    in_big = digit_of(big)
+    ## Cut out of the full picture, the 8 comes out as it does on its own, with both loops...
+    assert difference(in_big, alone) < 0.02 and loops(in_big) == 2
+    ## ...while from the 640-px copy, where it is 6 px tall, it would come out blurred.
+    assert difference(digit_of(digit_cleanup.shrink(big, 640)), alone) > 0.05
+
+
+# pictures with no digit -------------------------------------------------------------------------
+def one_dot(size, value=1.0, background=0.0):
+    x = torch.full(size, background)
+    x[size[0] // 3, size[1] // 2] = value
+    return x
+
+
+@pytest.mark.parametrize("gray, reason", [
+    (one_dot((28, 28)), "speck"),  # one white pixel on black: not a digit blown up to 20x20
+    (one_dot((28, 28), 0.0, 1.0), "speck"),  # one black pixel on white
+    (one_dot((600, 800), 0.0, 0.9), "speck"),
+    (torch.full((2, 2), 0.0), "blank"),
+    (torch.full((300, 300), 0.93), "blank"),
+    (torch.full((1, 50), 0.5), "blank"),
+    (torch.rand(300, 300, generator=torch.Generator().manual_seed(0)), "no ink stands out"),
+    (torch.rand(1, 1), "blank"),
+    (torch.rand(40, 1, generator=torch.Generator().manual_seed(1)), "no ink stands out"),
+])
+def test_pictures_without_a_digit_get_a_warning_and_no_exception(gray, reason):
+    digit, warning = digit_cleanup.preprocess(gray)
+    assert digit.shape == (28, 28)
+    assert warning.startswith("no digit found") and reason in warning
+
+
+def test_no_mnist_style_digit_is_taken_for_a_speck(tiny_mnist):
+    import common
+
+    images, _ = common.load_mnist(tiny_mnist, train=False)
+    thinnest = images[(images > 127).sum((1, 2)).argsort()[:40]]  # the least ink first
+    for image in thinnest:
+        assert digit_cleanup.preprocess(image.float() / 255)[1] is None
+
+
+@pytest.mark.parametrize("scenario", ["small", "far", "margin", "tiny", "tight", "mouse"])
+def test_small_far_and_thin_digits_are_not_taken_for_specks(tiny_mnist, scenario,
+                                                           monkeypatch):
+    ## The benchmark's own drawing code, on the tiny font digits instead of MNIST's.
+    import random
+
+    import common
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import realistic_digits
+
+    images, _ = common.load_mnist(tiny_mnist, train=False)
+    rng, g = random.Random(0), torch.Generator().manual_seed(0)
+    for image in images[:12]:
+        img, suffix = realistic_digits.render(image, scenario, rng, g)
+        buffer = io.BytesIO()
+        img.save(buffer, format="JPEG" if suffix == ".jpg" else "PNG", quality=75)
+        assert digit_cleanup.preprocess(to_gray(Image.open(buffer)))[1] is None
+
+
+def test_real_mnist_digits_are_never_taken_for_specks():
+    import common
+
+    root = os.environ.get("MNIST_DATA_DIR")
+    if not (root and Path(root, "MNIST", "raw").is_dir()):
+        pytest.skip("set MNIST_DATA_DIR to a folder containing MNIST/raw to check real digits")
+    images, _ = common.load_mnist(root, train=False, download=False)
+    thinnest = images[(images > 127).sum((1, 2)).argsort()[:300]]  # 19 to about 40 pixels
+    for image in thinnest:
+        assert digit_cleanup.preprocess(image.float() / 255)[1] is None
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "P", "I;16", "L", "1"])
+def test_a_huge_picture_is_reduced_as_it_is_read_and_keeps_its_digit(tmp_path, monkeypatch,
+                                                                       mode):
+    ## MAX_PIXELS made tiny, so that a 300 x 220 picture counts as huge: it is reduced 3x in
+    ## strips, in whatever mode it comes, and reads as the full-size picture does.
+    path = save_in_mode(tmp_path, mode)
+    full = digit_cleanup.load_gray(path)
+    monkeypatch.setattr(digit_cleanup, "MAX_PIXELS", 8_000)
+    reduced = digit_cleanup.load_gray(path)
+    assert reduced.shape == (220 // 3, 300 // 3)
+    expected = F.avg_pool2d(full[None, None, :219, :300], 3)[0, 0]  # 3x3 block averages
+    assert (reduced - expected).abs().max() < 0.02
+    assert (digit_of(reduced) - reference_digit()).abs().mean() < 0.05
+
+
+def test_a_huge_sideways_photo_is_still_turned_upright(tmp_path, monkeypatch):
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 degrees clockwise"
+    digit_picture(2).rotate(90, expand=True).save(tmp_path / "sideways.png", exif=exif)
+    monkeypatch.setattr(digit_cleanup, "MAX_PIXELS", 8_000)  # so it is reduced 3x as it is read
+    reduced = digit_cleanup.load_gray(tmp_path / "sideways.png")
+    assert reduced.shape[0] < reduced.shape[1]  # landscape again, like digit_picture()
+    assert (digit_of(reduced) - reference_digit()).abs().mean() < 0.05
