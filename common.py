@@ -157,7 +157,6 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
     """Train for one pass over `loader` (a DataLoader, say); return the mean loss per sample."""
     device = torch.device(device)
     model.train()  # Dropout and BatchNorm behave as in training; evaluate() switches them back
-    scaler = scaler or torch.amp.GradScaler(device.type, enabled=False)  # float16 only; see 4.
     total, seen, logged = torch.zeros((), device=device), 0, (0.0, 0)  # sums: now, at last log
     batches = len(loader) if hasattr(loader, "__len__") else "?"  # a generator has no length
     for batch, (inputs, targets) in enumerate(loader, start=1):
@@ -167,16 +166,22 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
         ## 2-3. Forward pass and loss; with amp_dtype, autocast runs matmuls in 16 bits (AMP).
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             loss = criterion(model(inputs), targets)
-        ## 4. Backward: fill each .grad with d(loss)/d(param). (A disabled scaler: loss.backward())
-        scaler.scale(loss).backward()
-        ## 5. Optional: shrink all gradients if their joint norm exceeds clip_grad (spike guard).
-        if clip_grad is not None:
-            scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-            nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
-        ## 6. Update the weights. In another order (step before backward, zero in between) no
-        ##    error is raised: the model just never learns. That is why the order matters.
-        scaler.step(optimizer)  # optimizer.step() (float16: skipped if gradients overflowed)
-        scaler.update()
+        if scaler is None:  # float32 or bfloat16: the plain steps that every tutorial shows
+            ## 4. Backward: fill each .grad with d(loss)/d(param).
+            loss.backward()
+            ## 5. Optional: if the gradients' joint norm exceeds clip_grad, shrink them (spikes).
+            if clip_grad is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+            ## 6. Update the weights. In another order (step before backward, zero in between) no
+            ##    error is raised: the model just never learns. That is why the order matters.
+            optimizer.step()
+        else:  ## float16: steps 4-6 go through a GradScaler, as float16's range is narrow
+            scaler.scale(loss).backward()  # loss x a big factor: small gradients stay above 0
+            if clip_grad is not None:
+                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+            scaler.step(optimizer)  # divides the factor out; skipped if gradients overflowed
+            scaler.update()  # a smaller scale after an overflow, a larger one after many steps
         if scheduler is not None:
             scheduler.step()  # a per-batch learning-rate schedule, such as warmup + cosine
         ## The batch's mean loss x its size: a per-sample sum. detach() lets each graph be freed.
@@ -326,38 +331,100 @@ MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
 
 
 def load_mnist(data_dir: str | Path, train: bool, download: bool = True,
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return MNIST images (uint8, N x 28 x 28) and labels (int64), downloading on first use."""
-    import socket
+               dataset: str = "MNIST") -> tuple[torch.Tensor, torch.Tensor]:
+    """Return MNIST images (uint8, N x 28 x 28) and labels (int64), downloading on first use.
 
-    from torchvision import datasets  # imported here, so predict.py does not pay for it
-
-    raw = Path(data_dir) / "MNIST" / "raw"
-    for name in MNIST_FILES:  # torchvision trusts files that exist; check them first
+    `dataset` is torchvision's name of an MNIST-format dataset: "MNIST" or "FashionMNIST".
+    """
+    ## The four files are in the IDX format: a short header (magic number, then the size of
+    ## each dimension), then one byte per pixel or label. Reading them takes a few lines and
+    ## milliseconds; torchvision is imported only to download missing files (its import alone
+    ## costs seconds).
+    raw = Path(data_dir) / dataset / "raw"
+    for name in MNIST_FILES:
         if (raw / name).exists() and (problem := _idx_problem(raw / name)):
             raise DataError(f"{raw / name} is damaged ({problem}). Delete it, and its .gz if "
                             "there is one, then run again to download it afresh.")
+    if not all((raw / name).exists() for name in MNIST_FILES):
+        if hint := _misplaced(Path(data_dir), dataset):
+            raise DataError(f"{dataset} is not in {raw}/, but {hint}")
+        if not download:
+            raise DataError(f"{dataset} is not in {raw}/ and downloading is switched off")
+        _download(data_dir, dataset, raw)
+    prefix = "train" if train else "t10k"
+    images_file = raw / f"{prefix}-images-idx3-ubyte"
+    labels_file = raw / f"{prefix}-labels-idx1-ubyte"
+    images, labels = read_idx(images_file), read_idx(labels_file).long()
+    if images.dim() != 3 or images.shape[1:] != (28, 28) or labels.dim() != 1:
+        raise DataError(f"{images_file} holds images of shape {list(images.shape)} and "
+                        f"{labels_file} labels of shape {list(labels.shape)}, where N x 28 x 28 "
+                        "and N are expected: are these the files of another dataset?")
+    if len(images) != len(labels):
+        raise DataError(f"{images_file} holds {len(images):,} images but {labels_file} "
+                        f"{len(labels):,} labels: they come from different copies. Delete both, "
+                        "and their .gz, then run again.")
+    check_labels(labels, 10, where=str(labels_file))
+    return images, labels
+
+
+def read_idx(path: str | Path) -> torch.Tensor:
+    """Read an IDX file of bytes (MNIST's format) into a uint8 tensor of the shape it states."""
+    with open(path, "rb") as f:
+        ndim = f.read(4)[3]  # bytes 0-2: zero, zero, 0x08 (unsigned bytes); byte 3: dimensions
+        dims = f.read(4 * ndim)
+        shape = [int.from_bytes(dims[i : i + 4], "big") for i in range(0, 4 * ndim, 4)]
+        data = bytearray(math.prod(shape))
+        f.readinto(data)  # straight into the buffer the tensor will use: no second copy
+    return torch.frombuffer(data, dtype=torch.uint8).view(shape) if data else torch.zeros(
+        shape, dtype=torch.uint8)
+
+
+def _misplaced(data_dir: Path, dataset: str) -> str | None:
+    """Where the dataset's files are when data_dir is not the folder that holds DATASET/raw/."""
+    for folder in (data_dir / "raw", data_dir):  # data_dir = data/MNIST or data/MNIST/raw
+        if all((folder / name).exists() or (folder / f"{name}.gz").exists()
+               for name in MNIST_FILES):
+            if folder.name == "raw":
+                return (f"its files are in {folder}/: give {folder.parent.parent} as the data "
+                        f"folder, the one that holds {dataset}/raw/.")
+            return f"its files are in {folder}/: move them to {data_dir / dataset / 'raw'}/."
+    return None
+
+
+def _download(data_dir: str | Path, dataset: str, raw: Path) -> None:
+    """Fetch and unpack the missing files with torchvision, which checks their checksums."""
+    import socket
+
+    from torchvision import datasets  # only now: its import alone takes seconds
+
     old_timeout = socket.getdefaulttimeout()
     socket.setdefaulttimeout(30)  # a blocked network fails after 30 s instead of hanging
     try:
-        dataset = datasets.MNIST(root=data_dir, train=train, download=download)
+        getattr(datasets, dataset)(root=data_dir, download=True)
     except (RuntimeError, OSError) as err:  # offline, blocked mirror, bad .gz, disk full
-        for name, md5 in datasets.MNIST.resources:
+        for name, md5 in getattr(datasets, dataset).resources:
             gz = raw / name
             if gz.exists() and not datasets.utils.check_integrity(str(gz), md5):
                 raise DataError(f"{gz} is damaged (its checksum is wrong) and no fresh copy "
                                 "could be downloaded. Delete it and run again with internet "
-                                "access, or put a good copy there.") from err
+                                "access, or put a good copy there. A good copy compressed "
+                                "differently (as Linux distributions' packages are) can be "
+                                "unpacked there instead, e.g. with gunzip -k.") from err
         missing = [n for n in MNIST_FILES if not (raw / n).exists()]
         raise DataError(
-            f"MNIST is not in {raw}/ (missing: {', '.join(missing)}) and downloading it failed: "
-            f"{first_line(err)}. Run once with internet access, or copy the four files "
-            f"{', '.join(n + '.gz' for n in MNIST_FILES)} into {raw}/.") from err
+            f"{dataset} is not in {raw}/ (missing: {', '.join(missing)}) and downloading it "
+            f"failed: {download_reason(err)}. Run once with internet access, or copy the four "
+            f"files {', '.join(n + '.gz' for n in MNIST_FILES)} into {raw}/.") from err
     finally:
         socket.setdefaulttimeout(old_timeout)
-    labels_file = raw / ("train-labels-idx1-ubyte" if train else "t10k-labels-idx1-ubyte")
-    check_labels(dataset.targets, 10, where=str(labels_file))
-    return dataset.data, dataset.targets
+
+
+def download_reason(err: BaseException) -> str:
+    """The cause of a failed torchvision download, in one line."""
+    ## torchvision's message is "Error downloading X:" followed by one "Tried <mirror>, got:"
+    ## line and the error per mirror: the last line is the last mirror's reason.
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1].rstrip(".") if lines else type(err).__name__
 
 
 def _idx_problem(path: Path) -> str | None:

@@ -45,8 +45,6 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
-from torchvision.transforms.v2.functional import pil_to_tensor
-from torchvision.utils import make_grid, save_image
 
 import common
 
@@ -557,23 +555,36 @@ def report_mistakes(path: Path, images: torch.Tensor, guesses: torch.Tensor,
     else:
         first = wrong[:limit]  # in test-set order, so the picture is the same every run
         tiles = [labelled_tile(images[i], int(truth[i]), int(guesses[i])) for i in first]
-        write_png(path, make_grid(torch.stack(tiles), nrow=8, padding=3, pad_value=0.5))
+        write_png(path, tile_grid(tiles, columns=8, gap=3))
         print(f"the first {len(first)} of {len(wrong)} mistakes, as pictures: {path}")
 
 
-def labelled_tile(image: torch.Tensor, true: int, guess: int, scale: int = 4) -> torch.Tensor:
+def labelled_tile(image: torch.Tensor, true: int, guess: int, scale: int = 4) -> Image.Image:
     """A uint8 28 x 28 digit, enlarged, above a caption such as "true 4, guess 9"."""
-    digit = F.interpolate(image[None, None].float() / 255, scale_factor=scale)[0]  # 1 x H x W
-    caption = Image.new("L", (digit.shape[2], 24))
-    ImageDraw.Draw(caption).text((caption.width / 2, 12), f"true {true}, guess {guess}",
-                                 fill=255, anchor="mm", font=ImageFont.load_default(size=16))
-    return torch.cat([digit, pil_to_tensor(caption).float() / 255], dim=1)
+    digit = Image.frombytes("L", (28, 28), bytes(image.flatten().tolist()))
+    size = 28 * scale
+    tile = Image.new("L", (size, size + 24))  # black, like the digits' background
+    tile.paste(digit.resize((size, size), Image.NEAREST))  # big, crisp pixels
+    ImageDraw.Draw(tile).text((size / 2, size + 12), f"true {true}, guess {guess}", fill=255,
+                              anchor="mm", font=ImageFont.load_default(size=16))
+    return tile
 
 
-def write_png(path: Path, image: torch.Tensor) -> None:
-    """Encode a C x H x W image (0..1) as PNG and write it atomically, like the checkpoint."""
+def tile_grid(tiles: list[Image.Image], columns: int, gap: int) -> Image.Image:
+    """Tiles of one size in rows of `columns`, `gap` pixels of mid-gray around each."""
+    w, h = tiles[0].size
+    rows = math.ceil(len(tiles) / columns)
+    grid = Image.new("L", (min(columns, len(tiles)) * (w + gap) + gap, rows * (h + gap) + gap),
+                     128)
+    for i, tile in enumerate(tiles):
+        grid.paste(tile, (gap + (i % columns) * (w + gap), gap + (i // columns) * (h + gap)))
+    return grid
+
+
+def write_png(path: Path, image: Image.Image) -> None:
+    """Encode a picture as PNG and write it atomically, like the checkpoint."""
     buffer = io.BytesIO()
-    save_image(image, buffer, format="png")
+    image.save(buffer, format="png")
     common.write_atomically(path, buffer.getvalue())
 
 

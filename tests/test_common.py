@@ -1,6 +1,7 @@
 import math
 import os
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -175,6 +176,22 @@ def test_bfloat16_autocast_still_learns_on_the_cpu():
     assert losses[-1] < 0.5 * losses[0]
 
 
+def test_without_a_scaler_the_loop_calls_backward_and_step_itself(monkeypatch):
+    ## float32: the plain loss.backward(); optimizer.step() of every tutorial, no GradScaler.
+    def no_scaler(*args, **kwargs):
+        raise AssertionError("a GradScaler was created for float32 training")
+
+    monkeypatch.setattr(torch.amp, "GradScaler", no_scaler)
+    x, y = separable_data(n=64)
+    model = nn.Linear(10, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = []
+    optimizer.register_step_post_hook(lambda opt, args, kwargs: steps.append(1))
+    common.train_one_epoch(model, DataLoader(TensorDataset(x, y), batch_size=16),
+                           nn.CrossEntropyLoss(), optimizer, "cpu", log=None)
+    assert len(steps) == 4
+
+
 def test_grad_scaler_path_with_clipping_updates_the_weights():
     x, y = separable_data()
     model = nn.Linear(10, 3)
@@ -316,7 +333,9 @@ def test_train_one_epoch_and_evaluate_run_pasted_alone_into_a_torch_only_file(tm
 def test_train_one_epoch_fits_on_one_screen():
     import inspect
 
-    assert len(inspect.getsource(common.train_one_epoch).splitlines()) <= 45
+    ## With the plain float32 path and the GradScaler path side by side, in about 50 lines.
+    source = inspect.getsource(common.train_one_epoch)
+    assert len(source.splitlines()) <= 50
 
 
 def test_evaluate_is_exact_on_a_hand_built_case_and_leaves_no_gradients():
@@ -485,6 +504,44 @@ def test_load_mnist_reads_idx_files_through_torchvision(tiny_mnist):
     assert labels.dtype == torch.int64 and set(labels.tolist()) == set(range(10))
 
 
+def test_the_idx_files_are_read_byte_for_byte_without_importing_torchvision(tiny_mnist):
+    ## What torchvision reads from the same files, next to what load_mnist reads, in a process
+    ## that imports torchvision only after load_mnist has finished.
+    import subprocess
+    import sys
+
+    code = f"""
+import sys, torch, common
+images, labels = common.load_mnist({str(tiny_mnist)!r}, train=False)
+print(any(m.startswith("torchvision") for m in sys.modules))
+from torchvision import datasets
+theirs = datasets.MNIST({str(tiny_mnist)!r}, train=False, download=False)
+print(torch.equal(images, theirs.data), torch.equal(labels, theirs.targets))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=Path(common.__file__).parent)
+    assert proc.stdout.split() == ["False", "True", "True"], proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("given", ["MNIST", "MNIST/raw"])
+def test_a_data_folder_one_level_too_deep_gets_the_right_one_named(tiny_mnist, given):
+    with pytest.raises(common.DataError) as err:
+        common.load_mnist(tiny_mnist / given, train=True)
+    assert str(err.value) == (
+        f"MNIST is not in {tiny_mnist / given / 'MNIST' / 'raw'}/, but its files are in "
+        f"{tiny_mnist / 'MNIST' / 'raw'}/: give {tiny_mnist} as the data folder, the one that "
+        "holds MNIST/raw/.")
+
+
+def test_images_and_labels_of_different_lengths_are_refused(tiny_mnist_copy):
+    from conftest import write_idx
+
+    raw = tiny_mnist_copy / "MNIST" / "raw"
+    write_idx(raw / "t10k-labels-idx1-ubyte", torch.zeros(199, dtype=torch.uint8))
+    with pytest.raises(common.DataError, match="holds 200 images but .* 199 labels"):
+        common.load_mnist(tiny_mnist_copy, train=False)
+
+
 def test_a_truncated_idx_file_is_named_with_the_fix(tiny_mnist_copy):
     path = tiny_mnist_copy / "MNIST" / "raw" / "train-images-idx3-ubyte"
     path.write_bytes(path.read_bytes()[:-100])
@@ -498,6 +555,8 @@ def test_missing_mnist_offline_says_which_folder(tmp_path, no_network):
     message = str(err.value)
     assert f"{tmp_path / 'MNIST' / 'raw'}/" in message and "internet" in message
     assert "train-images-idx3-ubyte.gz" in message
+    ## the reason is the mirror's own answer, not an empty "Error downloading ...:"
+    assert "downloading it failed: <urlopen error" in message and ":." not in message
 
 
 def test_a_damaged_gz_file_is_named(tmp_path, no_network):
