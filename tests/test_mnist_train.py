@@ -64,21 +64,6 @@ def test_trains_end_to_end_and_keeps_the_best_validation_epoch(tiny_mnist, tmp_p
         "best.csv", "best.pt", "best_mistakes.png"]
 
 
-def test_a_whole_run_imports_no_torchvision(tiny_mnist, tmp_path):
-    ## torchvision's import costs seconds, and the default path needs none of it.
-    code = f"""
-import sys, mnist_train
-before = any(m.startswith("torchvision") for m in sys.modules)
-rc = mnist_train.main(["--data-dir", {str(tiny_mnist)!r}, "--val-size", "200", "--epochs", "1",
-                       "--save-path", {str(tmp_path / "m.pt")!r}])
-print(rc, before, any(m.startswith("torchvision") for m in sys.modules))
-"""
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.stdout.split()[-3:] == ["0", "False", "False"], proc.stderr[-2000:]
-    assert (tmp_path / "m_mistakes.png").exists()  # the mistakes picture was drawn, by Pillow
-
-
 def test_dry_run_runs_one_batch_of_each_phase_and_writes_no_picture(tiny_mnist, tmp_path,
                                                                    capsys):
     assert train(tiny_mnist, tmp_path / "m.pt", "--dry-run", "--epochs", "9",

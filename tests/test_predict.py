@@ -153,17 +153,3 @@ def test_ctrl_c_ends_a_batch_with_one_line_and_exit_code_130(trained_checkpoint,
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130 and err.strip() == "interrupted: stopped."
-
-
-def test_classifying_a_picture_imports_no_torchvision(trained_checkpoint, tmp_path):
-    import subprocess
-
-    digit_picture(3).save(tmp_path / "three.png")
-    code = f"""
-import sys, predict
-rc = predict.main(["--checkpoint", {str(trained_checkpoint)!r}, {str(tmp_path / "three.png")!r}])
-print(rc, any(m.startswith("torchvision") for m in sys.modules))
-"""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=Path(predict.__file__).parent, timeout=300)
-    assert proc.stdout.split()[-2:] == ["0", "False"], proc.stderr[-2000:]
