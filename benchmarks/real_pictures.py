@@ -1,0 +1,223 @@
+"""Score checkpoints on a folder of real pictures of digits, labelled by their file names.
+
+    python benchmarks/real_pictures.py --images ../shared/realdigits \
+        --checkpoint checkpoints/mnist_mlp.pt checkpoints/mnist_cnn.pt
+    python benchmarks/real_pictures.py --images DIR --speed-only --load   # timing under load
+
+Every picture goes through exactly what predict.py runs (digit_cleanup.load_gray, then
+digit_cleanup.preprocess, then predict.classify). A picture's label is the digit its file name
+starts with (`7.png`, `7_12.jpg`, `7-mine.png`). When the folder has a SOURCES.md with a
+Markdown table of `| file | label | kind | ...` rows, the accuracy is also given per kind
+(drawing, photo, scan). Pictures are read by their content, whatever their extension says.
+
+It prints, for each checkpoint, the accuracy overall, per kind and per digit, the pictures
+that got a no-digit warning (a real single digit should get none), and the time that reading
+and clean-up took per picture (median, 90th percentile, slowest). --misses writes a picture of
+every misread picture beside the 28x28 image the model saw. --load runs a second process with
+the same clean-up loop during the timing, to show how the clean-up behaves on a busy machine.
+
+Pictures that are not yours stay out of the repository: write --misses outside it, or to the
+default name, which .gitignore leaves out.
+"""
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageDraw, ImageFont, ImageOps
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+import common
+import digit_cleanup
+import predict
+
+PICTURE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+def labelled_pictures(folder: Path) -> list[tuple[Path, int]]:
+    """(path, label) for every picture in `folder` whose name starts with a digit."""
+    found = []
+    for path in sorted(folder.iterdir(), key=lambda p: natural_key(p.name)):
+        match = re.match(r"(\d)(?:[_\-. ]|$)", path.stem + " ")
+        if path.suffix.lower() in PICTURE_SUFFIXES and match:
+            found.append((path, int(match.group(1))))
+    return found
+
+
+def natural_key(name: str) -> list:
+    """Sort 1_2.png before 1_10.png."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def kinds_from_sources(folder: Path) -> dict[str, str]:
+    """{file name: kind} from SOURCES.md's table, or {} when there is none."""
+    sources = folder / "SOURCES.md"
+    if not sources.exists():
+        return {}
+    kinds = {}
+    for line in sources.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[1].isdigit():
+            kinds[cells[0]] = cells[2]
+    return kinds
+
+
+def clean_up(path: Path) -> tuple[torch.Tensor | None, str | None, float]:
+    """predict.py's reading and clean-up of one picture: (digit, warning, seconds)."""
+    start = time.perf_counter()
+    try:
+        digit, warning = digit_cleanup.preprocess(digit_cleanup.load_gray(path))
+    except digit_cleanup.ImageProblem as err:
+        return None, f"unreadable: {err}", time.perf_counter() - start
+    return digit, warning, time.perf_counter() - start
+
+
+def speed_report(seconds: list[float]) -> str:
+    ms = sorted(s * 1000 for s in seconds)
+    p90 = ms[min(len(ms) - 1, round(0.9 * (len(ms) - 1)))]
+    return (f"reading and clean-up per picture: median {statistics.median(ms):.0f} ms, "
+            f"90th percentile {p90:.0f} ms, slowest {ms[-1]:.0f} ms ({len(ms)} pictures)")
+
+
+def score(args) -> None:
+    folder = Path(args.images)
+    pictures = labelled_pictures(folder)
+    if not pictures:
+        sys.exit(f"no pictures named <digit>_... in {folder}/")
+    kinds = kinds_from_sources(folder)
+    models = [(Path(c).stem, *common.load_model(c)) for c in args.checkpoint]
+    rows, seconds, warned = [], [], []
+    for path, label in pictures:
+        digit, warning, took = clean_up(path)
+        seconds.append(took)
+        if warning:
+            warned.append(f"{path.name}: {warning}")
+        guesses = {}
+        for name, model, checkpoint in models:
+            if digit is None:
+                guesses[name] = -1
+                continue
+            probs = predict.classify(model, digit, checkpoint["mean"], checkpoint["std"],
+                                     torch.device("cpu"))
+            guesses[name] = int(probs.argmax())
+        rows.append({"path": path, "label": label, "kind": kinds.get(path.name, "-"),
+                     "digit": digit, "guesses": guesses})
+
+    names = [name for name, _, _ in models]
+    print(f"{len(rows)} pictures in {folder}/")
+    print("| model | all | " + " | ".join(sorted({r['kind'] for r in rows})) + " |")
+    print("|---|---|" + "---|" * len({r["kind"] for r in rows}))
+    def share(subset, name):  # (right, pictures)
+        return sum(r["guesses"][name] == r["label"] for r in subset), len(subset)
+
+    for name in names:
+        right, total = share(rows, name)
+        cells = [f"{right / total:.1%} ({right}/{total})"]
+        for kind in sorted({r["kind"] for r in rows}):
+            k_right, k_total = share([r for r in rows if r["kind"] == kind], name)
+            cells.append(f"{k_right}/{k_total}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print("\nper digit (right / pictures):")
+    print("| model | " + " | ".join(str(d) for d in range(10)) + " |")
+    print("|---|" + "---|" * 10)
+    for name in names:
+        cells = []
+        for d in range(10):
+            subset = [r for r in rows if r["label"] == d]
+            cells.append(f"{sum(r['guesses'][name] == d for r in subset)}/{len(subset)}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print(f"\npictures with a warning: {len(warned)}", *warned, sep="\n  ")
+    print(speed_report(seconds))
+    misses = [(r, name) for r in rows for name in names if r["guesses"][name] != r["label"]]
+    if args.errors:
+        for r, name in misses:
+            print(f"{name}: {r['path'].name} ({r['kind']}) is {r['label']}, read as "
+                  f"{r['guesses'][name]}")
+    if args.misses and misses:
+        draw_misses(misses, Path(args.misses))
+        print(f"wrote {args.misses}: {len(misses)} misses, each beside what the model saw")
+
+
+def draw_misses(misses: list, out: Path, columns: int = 6) -> None:
+    """A sheet of misreads: each picture as it is, beside the 28x28 input, captioned."""
+    font = ImageFont.load_default(size=12)
+    tiles = []
+    for r, name in misses:
+        tile = Image.new("RGB", (232, 134), (255, 255, 255))
+        with Image.open(r["path"]) as img:
+            tile.paste(ImageOps.pad(img.convert("RGB"), (112, 112), color=(128, 128, 128)),
+                       (2, 2))
+        if r["digit"] is not None:
+            pixels = (r["digit"] * 255).round().to(torch.uint8)
+            seen = Image.frombytes("L", (28, 28), bytes(pixels.flatten().tolist()))
+            tile.paste(seen.resize((112, 112), Image.NEAREST).convert("RGB"), (118, 2))
+        caption = f"{r['path'].name}: {r['label']} as {r['guesses'][name]} ({name})"
+        ImageDraw.Draw(tile).text((4, 116), caption[:38], fill=(0, 0, 0), font=font)
+        tiles.append(tile)
+    rows = (len(tiles) + columns - 1) // columns
+    sheet = Image.new("RGB", (columns * 236 + 4, rows * 138 + 4), (200, 200, 200))
+    for i, tile in enumerate(tiles):
+        sheet.paste(tile, (4 + (i % columns) * 236, 4 + (i // columns) * 138))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sheet.save(out)
+
+
+LOAD_LOOP = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import digit_cleanup
+from pathlib import Path
+paths = sys.argv[2:]
+end = time.time() + 600
+while time.time() < end:  # stopped by the parent when its timing is over
+    for p in paths:
+        try:
+            digit_cleanup.preprocess(digit_cleanup.load_gray(Path(p)))
+        except digit_cleanup.ImageProblem:
+            pass
+"""
+
+
+def speed_only(args) -> None:
+    """Time the clean-up alone, optionally while a second process runs the same loop."""
+    pictures = [p for p, _ in labelled_pictures(Path(args.images))]
+    load = None
+    if args.load:
+        load = subprocess.Popen([sys.executable, "-c", LOAD_LOOP, str(REPO),
+                                 *map(str, pictures)])
+        time.sleep(3)  # let it import torch and start its loop
+    try:
+        for round_ in range(1, args.rounds + 1):
+            seconds = [clean_up(p)[2] for p in pictures]
+            print(f"round {round_}{' (with a second process)' if load else ''}: "
+                  + speed_report(seconds), flush=True)
+    finally:
+        if load is not None:
+            load.kill()
+            load.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", required=True, help="a folder of <digit>_*.png/jpg files")
+    parser.add_argument("--checkpoint", nargs="+", default=["checkpoints/mnist_mlp.pt"])
+    parser.add_argument("--errors", action="store_true", help="list every misread picture")
+    parser.add_argument("--misses", default="real_misses.png",
+                        help="write a picture of the misses here ('' for none)")
+    parser.add_argument("--speed-only", action="store_true",
+                        help="only time the clean-up (no model), --rounds times")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--load", action="store_true",
+                        help="with --speed-only: run the same loop in a second process")
+    args = parser.parse_args()
+    speed_only(args) if args.speed_only else score(args)
+
+
+if __name__ == "__main__":
+    main()
