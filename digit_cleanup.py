@@ -16,6 +16,7 @@ benchmarks/realistic_digits.py, which measures it. It reads top to bottom in the
 steps run: reading a picture, then turning it into an MNIST digit.
 """
 
+import functools
 import math
 import warnings
 from pathlib import Path
@@ -34,10 +35,31 @@ MIN_CONTRAST = 0.08  # ink differs from the paper by this much (0..1) at the lea
 ## one pixel wide, full height. What makes a digit is its span, then, and a digit can still be
 ## read at a third of MNIST's height. Ink that spans fewer pixels than this is a speck.
 SPECK_EXTENT = 6
+## A number or a word is several digit-sized marks side by side, or one mark much wider than
+## tall; no digit is wider than about twice its height (MNIST's widest: 2.2).
+MAX_ASPECT = 2.5
 
 
 class ImageProblem(Exception):
     """A picture that cannot be classified; reported for that file, then the next one is tried."""
+
+
+def one_thread(function):
+    """Run `function` on one of torch's threads, and give the caller's setting back after."""
+    ## The clean-up works on small tensors (a few hundred pixels across), where splitting an
+    ## operation over several threads costs more than it saves. Worse, on a busy machine
+    ## threads wait for each other: with a second process running, two threads on two cores
+    ## made the clean-up several times slower, one thread less than twice.
+    @functools.wraps(function)
+    def on_one_thread(*args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return on_one_thread
 
 
 # reading a picture ---------------------------------------------------------------------------
@@ -120,10 +142,11 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
 ##   components     the separate blobs of a mask: pixels that touch (8 neighbours) share one
 
 
+@one_thread
 def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     """Turn a grayscale picture (H x W, 0..1) into a 28 x 28 MNIST-style digit (white on black).
 
-    Also return a warning when the picture holds no digit to read (else None).
+    Also return a warning when the picture holds no digit to read, or more than one (else None).
     """
     if already_mnist(gray):  # e.g. an MNIST test image: every step below would only blur it
         return gray.clamp(0, 1), None
@@ -133,13 +156,15 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     dark_ink, problem = ink_polarity(overview)
     if problem:
         return blank, problem
-    mask = digit_mask(ink_map(overview, dark_ink, paper_block(overview)))
+    marks = ink_mask(ink_map(overview, dark_ink, paper_block(overview)))
+    mask = keep_digit(marks)  # the digit: no specks, page edges or marks far from it
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
+    others = digit_sized(marks & ~mask, mask)  # marks left out that are as big as the digit
     ## 2. Ink and mask again, on the digit alone: cut out of the full-resolution picture and
     ##    scaled to DIGIT_BOX pixels, so that a small digit is enlarged before any threshold is
     ##    chosen and its thin strokes and small loops survive.
-    crop, scale = cut_out(gray, mask, gray.shape[0] / overview.shape[0])
+    crop, scale = cut_out(gray, mask, gray.shape[0] / overview.shape[0], dark_ink)
     ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)  # blocks wider than a marker's stroke
     mask = digit_mask(ink)
     if not mask.any():
@@ -152,7 +177,64 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     ## Keep the soft edge pixels around the strokes (MNIST has them too), but only there.
     near = F.max_pool2d(mask.float()[None, None], 3, stride=1, padding=1)[0, 0] > 0
     digit = (ink * near)[top:bottom, left:right]
-    return centre_by_mass(mnist_strokes(digit), 28), None
+    return centre_by_mass(mnist_strokes(digit), 28), more_than_one_digit(mask, others)
+
+
+def more_than_one_digit(mask: torch.Tensor, others: int) -> str | None:
+    """A warning when the digit's mask looks like a number or a word, or when `others` more
+    digit-sized marks were left out; else None."""
+    ## A digit's pieces overlap when seen from below (the bar of a 5 above its belly), or are
+    ## small (a speck, a dot), or thin (a doubled stroke of a 1). Marks that stand side by side
+    ## with paper between them, each at least half as tall as the whole and a quarter as wide,
+    ## are several characters.
+    top, bottom, left, right = bounding_box(mask)
+    height = bottom - top
+    if (right - left) > MAX_ASPECT * height:
+        return (f"the ink is {(right - left) / height:.1f} times wider than tall, wider than "
+                "any digit: a number or a word? This reads one digit per picture")
+    area, tops, bottoms, lefts, rights = blobs(components(mask))
+    pieces = sorted(zip(lefts[1:].tolist(), rights[1:].tolist(), tops[1:].tolist(),
+                         bottoms[1:].tolist(), area[1:].tolist()))  # one per blob, left first
+    merged = []  # [left, right, top, bottom, ink] of each group of overlapping blobs
+    for lf, r, t, b, ink in pieces:
+        if merged and lf <= merged[-1][1] + 0.1 * height:  # overlapping, or nearly touching
+            last = merged[-1]
+            last[1:] = [max(last[1], r), min(last[2], t), max(last[3], b), last[4] + ink]
+        else:
+            merged.append([lf, r, t, b, ink])
+    most_ink = max(column[4] for column in merged)
+    marks = others + sum(b + 1 - t >= height / 2 and r + 1 - lf >= height / 4
+                         and ink >= most_ink / 4 for lf, r, t, b, ink in merged)
+    if marks > 1:
+        return (f"{marks} digit-sized marks side by side: a number or a word? This reads one "
+                "digit per picture")
+    return None
+
+
+def digit_sized(left_out: torch.Tensor, digit: torch.Tensor) -> int:
+    """How many marks of `left_out` stand beside the digit, about as big: other characters."""
+    ## Specks and dashes are small, page edges and shadows touch the border, and the pieces of
+    ## a broken digit lie above or below each other. A mark on the same line as the digit (its
+    ## rows overlap the digit's by half), beside it, at least half its height, a quarter of its
+    ## height wide and with a quarter of its ink, is another character of a number or a word.
+    if not left_out.any():
+        return 0
+    small, _ = at_most(left_out, 128)  # the same scale for both, as keep_digit() works
+    small_digit, _ = at_most(digit, 128)
+    top, bottom, left, right = bounding_box(small_digit)
+    height, ink = bottom - top, float(small_digit.sum())
+    labels = components(small)
+    area, tops, bottoms, lefts, rights = blobs(labels)
+    bottoms, rights = bottoms + 1, rights + 1  # slice bounds, as bounding_box() gives them
+    h, w = labels.shape
+    away = (tops > 0) & (lefts > 0) & (bottoms < h) & (rights < w)
+    shared_rows = (torch.minimum(bottoms, torch.tensor(bottom))
+                   - torch.maximum(tops, torch.tensor(top))).clamp(min=0)
+    beside = (rights <= left) | (lefts >= right)
+    big = ((bottoms - tops >= height / 2) & (rights - lefts >= height / 4) & (area >= ink / 4)
+           & (shared_rows >= torch.minimum(bottoms - tops, torch.tensor(height)) / 2)
+           & beside & away)
+    return int(big[1:].sum())
 
 
 def already_mnist(gray: torch.Tensor) -> bool:
@@ -288,41 +370,41 @@ def otsu_threshold(values: torch.Tensor) -> float:
 
 def digit_mask(ink: torch.Tensor) -> torch.Tensor:
     """Pixels of the digit's strokes: clear ink, without ruled lines, specks or page edges."""
+    return keep_digit(ink_mask(ink))  # drop specks, page edges, other marks
+
+
+def ink_mask(ink: torch.Tensor) -> torch.Tensor:
+    """Pixels of clear ink, and of faint ink that continues it, without ruled lines."""
     mask = grow(ink > 0.55, ink > 0.4)  # faint pixels count where they continue a clear stroke
-    mask &= ~ruled_lines(mask)  # squared or lined paper
-    return keep_digit(mask)  # drop specks, page edges, other marks
+    return mask & ~ruled_lines(mask)  # squared or lined paper
 
 
-def grow(seeds: torch.Tensor, allowed: torch.Tensor, steps: int = 64) -> torch.Tensor:
+def grow(seeds: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """Grow `seeds` into the connected pixels of `allowed` ("hysteresis" thresholding)."""
     ## A JPEG-softened stroke fades in places: those faint pixels join the digit where they
     ## connect to clear ink (the bar of a 5, the top of a 9's loop), while faint marks that
-    ## touch no clear ink stay out.
-    mask = seeds & allowed
-    for _ in range(steps):
-        grown = F.max_pool2d(mask.float()[None, None], 3, 1, 1)[0, 0].bool() & allowed
-        if torch.equal(grown, mask):
-            break
-        mask = grown
-    return mask
+    ## touch no clear ink stay out. So: the regions of `allowed` that hold at least one seed.
+    labels = components(allowed)
+    seeded = torch.zeros(int(labels.max()) + 1, dtype=torch.bool)
+    seeded[labels[seeds & allowed]] = True
+    seeded[0] = False  # the background
+    return seeded[labels]
 
 
 def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
     """Pixels of printed lines that run across the picture (squared or lined paper)."""
-    ## A line is a long, straight, thin run of ink. A run at least 1/5 of the picture wide
-    ## survives an opening along the line; a slight tilt is tolerated by smearing the mask a
-    ## pixel across it first. A digit's strokes are never this long *and* straight *and*
-    ## repeated: only when two or more such lines span the picture is the paper ruled, and only
-    ## then are they removed. This runs on a copy at most 256 pixels across.
+    ## A line is a long, straight, thin run of ink: a run at least 1/5 of the picture wide (an
+    ## "opening" along the line keeps exactly such runs); a slight tilt is tolerated by
+    ## smearing the mask a pixel across it first. A digit's strokes are never this long *and*
+    ## straight *and* repeated: only when two or more such lines span the picture is the paper
+    ## ruled, and only then are they removed. This runs on a copy at most 256 pixels across.
     small, restore = at_most(mask, 256)
     lines = torch.zeros_like(small)
     for along in (0, 1):  # 0: horizontal lines, 1: vertical lines
         m = (small if along == 0 else small.T).float()[None, None]
-        run = max(8, m.shape[3] // 5) | 1  # odd, so that padding keeps the size
-        smeared = F.max_pool2d(m, (3, 1), 1, (1, 0))
-        opened = -F.max_pool2d(-smeared, (1, run), 1, (0, run // 2))
-        opened = F.max_pool2d(opened, (1, run), 1, (0, run // 2))[0, 0]
-        on_line = (opened > 0) & (m[0, 0] > 0)
+        run = max(8, m.shape[3] // 5) | 1  # odd: as many pixels on either side of the centre
+        smeared = F.max_pool2d(m, (3, 1), 1, (1, 0))[0, 0] > 0
+        on_line = long_runs(smeared, run) & (m[0, 0] > 0)
         full_rows = on_line.float().mean(dim=1) > 0.6  # rows where a line spans the picture
         ## A line several pixels thick fills neighbouring rows: count each run of rows once.
         separate_lines = (full_rows[1:] & ~full_rows[:-1]).sum() + full_rows[0]
@@ -333,6 +415,24 @@ def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
             found = on_line & full_rows[:, None] & ~crossing
             lines |= found if along == 0 else found.T
     return restore(lines) & mask
+
+
+def long_runs(mask: torch.Tensor, length: int) -> torch.Tensor:
+    """The pixels of each row's runs of True that are at least `length` long; a run that
+    touches the left or right edge counts as if it went on for length // 2 beyond it."""
+    ## What an opening with a 1 x length line does, in one pass instead of length steps: each
+    ## run's first and last column come from where the row changes from False to True and back.
+    h, w = mask.shape
+    steps = F.pad(mask.to(torch.int8), (1, 1)).diff(dim=1)
+    rows, first = (steps == 1).nonzero(as_tuple=True)
+    last = (steps == -1).nonzero(as_tuple=True)[1] - 1
+    reach = (last - first + 1) + length // 2 * ((first == 0).long() + (last == w - 1).long())
+    keep = reach >= length
+    marks = torch.zeros(h, w + 1, dtype=torch.long)  # +1 where a kept run starts, -1 after it
+    marks.index_put_((rows[keep], first[keep]), torch.ones(int(keep.sum()), dtype=torch.long))
+    marks.index_put_((rows[keep], last[keep] + 1), -torch.ones(int(keep.sum()), dtype=torch.long),
+                     accumulate=True)
+    return marks.cumsum(dim=1)[:, :w] > 0
 
 
 def at_most(mask: torch.Tensor, size: int):
@@ -360,17 +460,7 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     count = int(labels.max())
     if count == 0:
         return mask
-    h, w = small.shape
-    ## For each blob (index = its label): its area in pixels, and its bounding box (the
-    ## smallest and largest row and column among its pixels).
-    ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    area = torch.zeros(count + 1).index_add_(0, labels.flatten(), torch.ones(h * w))
-    top = torch.full((count + 1,), h).scatter_reduce(0, labels.flatten(), ys.flatten(), "amin")
-    bottom = torch.zeros(count + 1, dtype=torch.long).scatter_reduce(
-        0, labels.flatten(), ys.flatten(), "amax")
-    left = torch.full((count + 1,), w).scatter_reduce(0, labels.flatten(), xs.flatten(), "amin")
-    right = torch.zeros(count + 1, dtype=torch.long).scatter_reduce(
-        0, labels.flatten(), xs.flatten(), "amax")
+    area, top, bottom, left, right = blobs(labels)
     ## Edges of the page, the table beyond it: marks that run along the picture's border, over
     ## much of its length. They count for little when choosing the digit. (A tightly cropped
     ## digit touches the border too, but only where its strokes end.)
@@ -407,30 +497,69 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     return mask & restore(keep[labels])
 
 
+def blobs(labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """For each label of components(): (area, top, bottom, left, right), each a tensor indexed
+    by label (0: the background), with the smallest and largest row and column of its pixels."""
+    h, w = labels.shape
+    count, flat = int(labels.max()) + 1, labels.flatten()
+    ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    area = torch.zeros(count).index_add_(0, flat, torch.ones(h * w))
+
+    def extreme(coords: torch.Tensor, start: int, how: str) -> torch.Tensor:
+        return torch.full((count,), start).scatter_reduce(0, flat, coords.flatten(), how)
+
+    return (area, extreme(ys, h, "amin"), extreme(ys, 0, "amax"), extreme(xs, w, "amin"),
+            extreme(xs, 0, "amax"))
+
+
 def components(mask: torch.Tensor) -> torch.Tensor:
     """Label 8-connected regions of a boolean mask: 0 = background, 1, 2, ... = regions."""
-    ## Every pixel starts with its own number (its index + 1) and repeatedly takes the largest
-    ## number among its neighbours, until each region carries a single number. That alone
-    ## needs as many rounds as a region is long. "Pointer jumping" speeds it up: a number is
-    ## also the address of the pixel it came from, so each pixel also takes the number that
-    ## pixel holds now, 4 hops per round. (Floats: max-pooling needs them; they hold whole
-    ## numbers exactly.)
-    flat_mask = mask.flatten()
-    labels = torch.arange(1, mask.numel() + 1, dtype=torch.float32) * flat_mask
-    while True:
-        grown = F.max_pool2d(labels.view(1, 1, *mask.shape), 3, 1, 1).flatten() * flat_mask
-        for _ in range(4):
-            grown = torch.maximum(grown, grown[(grown.long() - 1).clamp(min=0)] * flat_mask)
-        if torch.equal(grown, labels):
-            ## Renumber 0, 1, 2, ...; the 0 put in front keeps 0 for the background even when
-            ## the mask has no background at all.
-            numbers = torch.unique(torch.cat([torch.zeros(1), labels]), return_inverse=True)[1]
-            return numbers[1:].view(mask.shape)
-        labels = grown
+    h, w = mask.shape
+    ## 1. Runs: the stretches of True pixels in each row, each given by its row and its first
+    ##    and last column. A stroke is a few runs per row, whatever its length.
+    steps = F.pad(mask.to(torch.int8), (1, 1)).diff(dim=1)  # +1: a run starts, -1: it ended
+    rows, first = (steps == 1).nonzero(as_tuple=True)
+    last = (steps == -1).nonzero(as_tuple=True)[1] - 1
+    rows, first, last = rows.tolist(), first.tolist(), last.tolist()
+    ## 2. Union-find: each run points to a run of its region (itself at first). Runs in
+    ##    neighbouring rows that overlap, or touch at a corner, join one region.
+    parent = list(range(len(rows)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]  # halve the path on the way: later finds are short
+            i = parent[i]
+        return i
+
+    row_start = [0] * (h + 1)  # runs of row r: row_start[r] to row_start[r + 1] - 1
+    for r in rows:
+        row_start[r + 1] += 1
+    for r in range(h):
+        row_start[r + 1] += row_start[r]
+    for r in range(h - 1):
+        i, j = row_start[r], row_start[r + 1]  # walk the runs of rows r and r + 1 together
+        while i < row_start[r + 1] and j < row_start[r + 2]:
+            if first[j] <= last[i] + 1 and first[i] <= last[j] + 1:  # they touch
+                a, b = root(i), root(j)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+            if last[i] < last[j]:  # the run that ends first cannot touch anything further
+                i += 1
+            else:
+                j += 1
+    ## 3. Number the regions 1, 2, ... in reading order, and paint each run with its number.
+    numbers, region_of_run = {}, []
+    for i in range(len(parent)):
+        region_of_run.append(numbers.setdefault(root(i), len(numbers) + 1))
+    starts = torch.zeros(h * w, dtype=torch.long)
+    starts[torch.tensor(rows, dtype=torch.long) * w + torch.tensor(first, dtype=torch.long)] = 1
+    run = starts.cumsum(0) - 1  # for every pixel, the last run that started at or before it
+    lut = torch.tensor([0] + region_of_run, dtype=torch.long)
+    return (lut[run + 1] * mask.flatten()).view(h, w)
 
 
-def cut_out(gray: torch.Tensor, mask: torch.Tensor,
-            factor: float) -> tuple[torch.Tensor, float]:
+def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
+            dark_ink: bool) -> tuple[torch.Tensor, float]:
     """The digit that `mask` marks on a copy `factor` times smaller, cut out of `gray` with a
     margin of paper, scaled so its long side is DIGIT_BOX pixels; and that scale."""
     top, bottom, left, right = (side * factor for side in bounding_box(mask))
@@ -441,9 +570,18 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor,
                 max(0, int(left - margin)) : min(w, int(right + margin) + 1)]
     scale = DIGIT_BOX / size
     out_size = (max(1, round(crop.shape[0] * scale)), max(1, round(crop.shape[1] * scale)))
-    mode = "area" if scale < 1 else "bicubic"  # bicubic: enlarged strokes stay crisp
-    resized = F.interpolate(crop[None, None], size=out_size, mode=mode)[0, 0]
-    return resized.clamp(0, 1), scale
+    if scale >= 1:  # bicubic: enlarged strokes stay crisp
+        resized = F.interpolate(crop[None, None], size=out_size, mode="bicubic")[0, 0]
+        return resized.clamp(0, 1), scale
+    ## Shrinking averages each cell of pixels into one. A line much thinner than a cell (a
+    ## 1-px pen line on a big canvas) fades into the paper that way, and its thinnest stretches
+    ## fade most. The inkiest pixel of each cell keeps such a line at full strength; half of
+    ## each keeps thin lines at least half as strong as thick ones, and thick strokes as they
+    ## are.
+    x = crop[None, None] if not dark_ink else -crop[None, None]  # ink is the maximum now
+    inkiest = F.adaptive_max_pool2d(x, out_size)
+    resized = (F.interpolate(x, size=out_size, mode="area") + inkiest)[0, 0] / 2
+    return (resized if not dark_ink else -resized).clamp(0, 1), scale
 
 
 def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
@@ -456,6 +594,11 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     big = big / big.flatten().quantile(0.99).clamp(min=1e-3)  # faint thin lines back to full ink
     big = F.pad(big.clamp(0, 1), (12, 12, 12, 12))  # black room for strokes to grow into
     width = stroke_width(big > 0.5)
+    if width < 6:
+        ## A line this thin covers only part of each pixel it crosses, and its shades say how
+        ## much (less where it runs flat, more where it runs steep), not how dark the pen was:
+        ## every part of it at half strength or more is the pen's full ink.
+        big = (2 * big).clamp(0, 1)
     ## Widths of 6 to 14 px here (1.5 to 3.5 px in the box: 85% of MNIST's digits) are left
     ## alone. Thinner strokes (a mouse's 1-px line) and thicker ones (a marker) are brought to
     ## 9.5 px, a little above typical: on benchmarks/realistic_digits.py's pictures, models read

@@ -6,7 +6,7 @@
     python benchmarks/realistic_digits.py speed      # a 4000 x 3000 photo; a 100 MP picture
     python benchmarks/realistic_digits.py figure     # docs/what_the_model_sees.png
 
-`make` writes 100 pictures for each of the 15 scenarios below (1,500 files, about 50 MB) and a
+`make` writes 100 pictures for each of the 16 scenarios below (1,600 files, about 50 MB) and a
 labels.csv. Everything is drawn from a fixed seed, so the set is identical on every machine.
 The digits come from the MNIST *test* set, which no model here trains on. Each picture mimics
 one way real input differs from MNIST, on top of a random tilt, size and position:
@@ -26,6 +26,9 @@ one way real input differs from MNIST, on top of a random tilt, size and positio
     tiny         a 28x28 or 32x32 low-quality JPEG
     small        a dark digit only 8-16 px tall in a 28-48 px JPEG, with or without anti-aliasing
     far          a small digit far from everything: under 5% of the picture's width
+    thin         a paint program's 1-2 px pen (1 px where flat, 2 where steep, as Pillow draws
+                 width=2), from black to light gray, on a white canvas; digits 250-600 px tall
+                 (PNG)
 
 `score` runs predict.py's own reading and preprocessing on every picture and prints, for each
 checkpoint, the accuracy per scenario and overall, next to the "naive" accuracy of the same
@@ -60,7 +63,7 @@ import predict
 ## New scenarios go at the end: every picture draws from one random stream, so a scenario
 ## added in the middle would change all the pictures after it.
 SCENARIOS = ["photo", "ballpoint", "marker", "pencil", "colour", "grid", "lined", "shadow",
-             "paint", "mouse", "tight", "margin", "tiny", "small", "far"]
+             "paint", "mouse", "tight", "margin", "tiny", "small", "far", "thin"]
 
 
 # drawing a digit -------------------------------------------------------------------------------
@@ -197,6 +200,10 @@ def render(digit: torch.Tensor, scenario: str, rng: random.Random,
         sigma, anti_aliased = 0.0, rng.random() < 0.5
     elif scenario == "far":
         height, margin = round(rng.uniform(24, 48)), rng.uniform(11, 16)
+    elif scenario == "thin":
+        paper, light, sigma, noise = (1.0,) * 3, 0.0, 0.0, 0.0
+        ink = (rng.uniform(0.0, 0.75),) * 3  # black to light gray
+        thin, height, uneven = True, round(rng.uniform(250, 600)), rng.random() < 0.5
 
     if scenario == "small":
         alpha = small_digit_alpha(digit, height, anti_aliased, rng.uniform(-8, 8))
@@ -211,6 +218,8 @@ def render(digit: torch.Tensor, scenario: str, rng: random.Random,
         alpha = skeleton(alpha)
         if scenario == "ballpoint":
             alpha = change_width(alpha, max(0, height // 80))
+        if scenario == "thin" and uneven:  # one more pixel to the right: steep lines get 2 px
+            alpha = torch.maximum(alpha, F.pad(alpha, (1, 0))[:, :-1])
     alpha = rotate(change_width(alpha, width_change), rng.uniform(-8, 8))
     ah, aw = alpha.shape
     pad = round(margin * height)
@@ -235,7 +244,9 @@ def paint(full: torch.Tensor, scenario: str, rng: random.Random, g: torch.Genera
           height: int) -> tuple[Image.Image, str]:
     """Lay ink (`full`, 0..1) on paper, light it, blur and noise it; return (image, suffix)."""
     h, w = full.shape
-    canvas = torch.tensor(paper).view(3, 1, 1) * (1 + 0.04 * smooth_noise(h, w, 6, g))
+    canvas = torch.tensor(paper).view(3, 1, 1).expand(3, h, w)
+    if scenario != "thin":  # a paint program's canvas is evenly white
+        canvas = canvas * (1 + 0.04 * smooth_noise(h, w, 6, g))
     if scenario in ("grid", "lined"):
         step = rng.randint(max(8, height // 6), max(12, height // 3))
         colour = torch.tensor(rng.choice([(0.6, 0.75, 0.95), (0.7, 0.7, 0.7), (0.55, 0.8, 0.9)]))
@@ -257,7 +268,7 @@ def paint(full: torch.Tensor, scenario: str, rng: random.Random, g: torch.Genera
         canvas = F.interpolate(canvas[None], size=(side, side), mode="area")[0]
     pixels = (canvas.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous()
     img = Image.frombytes("RGB", (pixels.shape[1], pixels.shape[0]), pixels.numpy().tobytes())
-    if scenario in ("paint", "mouse"):
+    if scenario in ("paint", "mouse", "thin"):
         return img, ".png"
     img.info["quality"] = quality
     return img, ".jpg"

@@ -12,6 +12,7 @@ from helpers import digit_picture
 from PIL import Image, ImageDraw, ImageFont
 
 import digit_cleanup
+from samples.draw_samples import draw_digit
 
 
 def digit_of(gray):
@@ -253,7 +254,7 @@ def loops(digit):
     border = torch.zeros_like(paper)
     border[0], border[-1], border[:, 0], border[:, -1] = True, True, True, True
     ## the paper that the edge reaches
-    outside = digit_cleanup.grow(border & paper, paper, steps=paper.numel())
+    outside = digit_cleanup.grow(border & paper, paper)
     return int(digit_cleanup.components(paper & ~outside).max())
 
 
@@ -448,3 +449,122 @@ def test_a_huge_sideways_photo_is_still_turned_upright(tmp_path, monkeypatch):
     reduced = digit_cleanup.load_gray(tmp_path / "sideways.png")
     assert reduced.shape[0] < reduced.shape[1]  # landscape again, like digit_picture()
     assert (digit_of(reduced) - reference_digit()).abs().mean() < 0.05
+
+
+# thin and faint pen lines ---------------------------------------------------------------------
+def similarity(a, b):
+    """Cosine similarity of two 28x28 images: 1 for the same picture, whatever its brightness."""
+    return float((a * b).sum() / (a.norm() * b.norm()))
+
+
+def widest_share(digit, rows):
+    """The widest run of ink in `rows` of the digit's bounding box, as a share of its width."""
+    ink = digit > 0.3
+    top, bottom, left, right = digit_cleanup.bounding_box(ink)
+    box = ink[top:bottom, left:right]
+    return float(box[rows].sum(1).max()) / box.shape[1]
+
+
+## Pillow draws a width=2 line 2 px wide where it is steep, but only 1 px where it is nearly
+## flat; such stretches used to fade when the picture was shrunk and then be dropped.
+@pytest.mark.parametrize("digit, height, angle, rows", [
+    (7, 150, 2, slice(0, 3)),  # the top bar
+    (4, 255, 6, slice(10, None)),  # the crossbar, in the lower half
+    (2, 255, -6, slice(-3, None)),  # the base
+])
+def test_the_flat_strokes_of_a_2_px_pen_drawing_are_kept(digit, height, angle, rows):
+    img = draw_digit(digit, size=(300, 300), height=height, width=2, angle=angle)
+    assert widest_share(digit_of(to_gray(img)), rows) >= 0.8
+
+
+@pytest.mark.parametrize("canvas, height, angle", [(300, 150, 2), (600, 420, -4)])
+def test_2_px_pen_drawings_come_out_like_1_px_and_3_px_ones(canvas, height, angle):
+    for digit in range(10):
+        seen = [digit_of(to_gray(draw_digit(digit, size=(canvas, canvas), height=height,
+                                            width=width, angle=angle))) for width in (1, 2, 3)]
+        assert similarity(seen[1], seen[0]) > 0.85 and similarity(seen[1], seen[2]) > 0.85, digit
+
+
+def test_a_light_gray_drawing_comes_out_like_a_black_one():
+    for digit in range(10):
+        black, light = (digit_of(to_gray(draw_digit(digit, size=(600, 600), height=420, width=2,
+                                                     angle=-4, ink=ink))) for ink in (0, 200))
+        assert similarity(black, light) > 0.85, digit
+
+
+# several digits -------------------------------------------------------------------------------
+def written(text, size=(600, 300), font_size=150):
+    img = Image.new("RGB", size, (240, 236, 228))
+    ImageDraw.Draw(img).text((size[0] / 2, size[1] / 2), text, fill=(30, 30, 40), anchor="mm",
+                             font=ImageFont.load_default(size=font_size))
+    return to_gray(img)
+
+
+@pytest.mark.parametrize("text", ["42", "hello", "2024"])
+def test_a_number_or_a_word_gets_a_warning(text):
+    _, warning = digit_cleanup.preprocess(written(text))
+    assert warning is not None and "digit-sized marks side by side" in warning
+
+
+def test_two_drawn_digits_side_by_side_get_a_warning_and_one_does_not():
+    img = Image.new("L", (520, 300), 255)
+    img.paste(draw_digit(4, size=(260, 300), height=200, width=8), (0, 0))
+    img.paste(draw_digit(2, size=(260, 300), height=200, width=8), (260, 0))
+    assert "a number or a word?" in digit_cleanup.preprocess(to_gray(img))[1]
+    assert digit_cleanup.preprocess(to_gray(draw_digit(4, size=(260, 300))))[1] is None
+
+
+def test_a_very_wide_mark_is_not_taken_for_a_digit():
+    img = Image.new("L", (600, 200), 255)
+    ImageDraw.Draw(img).line([(50, 100), (150, 60), (250, 140), (350, 60), (450, 140),
+                              (550, 100)], fill=0, width=10)  # a scribbled cursive word
+    _, warning = digit_cleanup.preprocess(to_gray(img))
+    assert warning is not None and "wider than any digit" in warning
+
+
+def test_the_clean_up_runs_on_one_thread_and_gives_the_setting_back():
+    seen = []
+    real = digit_cleanup.ink_map
+
+    def spy(*args):
+        seen.append(torch.get_num_threads())
+        return real(*args)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(digit_cleanup, "ink_map", spy)
+            digit_of(to_gray(digit_picture(3)))
+        assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def flood_fill_regions(mask):
+    """The 8-connected regions of a small mask, found the slow, obvious way: sets of pixels."""
+    todo, regions = {(r, c) for r, c in mask.nonzero().tolist()}, []
+    while todo:
+        stack, region = [todo.pop()], set()
+        while stack:
+            r, c = stack.pop()
+            region.add((r, c))
+            for dr in (-1, 0, 1):
+                for dc in (-1, 0, 1):
+                    if (r + dr, c + dc) in todo:
+                        todo.remove((r + dr, c + dc))
+                        stack.append((r + dr, c + dc))
+        regions.append(frozenset(region))
+    return set(regions)
+
+
+def test_components_finds_exactly_the_regions_a_flood_fill_finds():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        h, w = torch.randint(1, 40, (2,), generator=g).tolist()
+        mask = torch.rand(h, w, generator=g) < torch.rand(1, generator=g).item()
+        labels = digit_cleanup.components(mask)
+        found = {frozenset(map(tuple, (labels == k).nonzero().tolist()))
+                 for k in range(1, int(labels.max()) + 1)}
+        assert found == flood_fill_regions(mask)
+        assert set(labels.unique().tolist()) <= set(range(len(found) + 1))
