@@ -27,7 +27,7 @@ import random
 import secrets
 import stat
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -97,31 +97,37 @@ def get_device(name: str = "auto") -> torch.device:
 
 
 class MLP(nn.Module):
-    """784-128-64-10 fully connected network for 1x28x28 images; returns 10 logits."""
+    """Fully connected network for 1x28x28 images, 784-128-64-10 by default; returns logits."""
 
-    def __init__(self) -> None:
+    def __init__(self, hidden: Sequence[int] = (128, 64), num_classes: int = 10) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(28 * 28, 128)
-        self.fc2 = nn.Linear(128, 64)
-        self.fc3 = nn.Linear(64, 10)
+        sizes = [28 * 28, *hidden, num_classes]
+        ## One nn.Linear per pair of neighbouring sizes, named fc1, fc2, ...: setattr registers
+        ## each exactly as `self.fc1 = nn.Linear(784, 128)` would. Change the hidden sizes and
+        ## the parameter count follows: (784 + 1) x 128 + (128 + 1) x 64 + (64 + 1) x 10.
+        for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:]), start=1):
+            setattr(self, f"fc{i}", nn.Linear(n_in, n_out))
+        self.layers = len(sizes) - 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.flatten(1)  # [batch, 1, 28, 28] -> [batch, 784]: an MLP sees a flat vector
-        x = torch.relu(self.fc1(x))  # no weights, same in training and eval: a function will do
-        x = torch.relu(self.fc2(x))
-        return self.fc3(x)  # raw scores (logits), one per class
+        for i in range(1, self.layers):
+            x = torch.relu(getattr(self, f"fc{i}")(x))  # no weights, same in training and eval
+        return getattr(self, f"fc{self.layers}")(x)  # raw scores (logits), one per class
 
 
 class CNN(nn.Module):
-    """Two conv+ReLU+max-pool blocks and two linear layers for 1x28x28 images; returns 10 logits."""
+    """Two conv+ReLU+max-pool blocks and two linear layers for 1x28x28 images; returns logits."""
 
-    def __init__(self) -> None:
+    def __init__(self, channels: Sequence[int] = (16, 32), hidden: int = 128,
+                 num_classes: int = 10) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, kernel_size=3, padding=1)  # 28x28 -> pool -> 14x14
-        self.conv2 = nn.Conv2d(16, 32, kernel_size=3, padding=1)  # 14x14 -> pool -> 7x7
+        c1, c2 = channels
+        self.conv1 = nn.Conv2d(1, c1, kernel_size=3, padding=1)  # 28x28 -> pool -> 14x14
+        self.conv2 = nn.Conv2d(c1, c2, kernel_size=3, padding=1)  # 14x14 -> pool -> 7x7
         self.dropout = nn.Dropout(0.25)  # active in model.train(), a no-op in model.eval()
-        self.fc1 = nn.Linear(32 * 7 * 7, 128)
-        self.fc2 = nn.Linear(128, 10)
+        self.fc1 = nn.Linear(c2 * 7 * 7, hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ## Convolutions reuse the same small filters at every position, so a stroke is recognised
@@ -136,12 +142,12 @@ class CNN(nn.Module):
 MODELS = {"mlp": MLP, "cnn": CNN}
 
 
-def build_model(name: str) -> nn.Module:
-    """Return a freshly initialised model by name ("mlp" or "cnn")."""
-    ## Checkpoints store this name, so predict.py rebuilds exactly the architecture trained.
+def build_model(name: str, **sizes) -> nn.Module:
+    """Return a freshly initialised model by name ("mlp" or "cnn"), with optional sizes."""
+    ## Checkpoints store the name and the sizes, so predict.py rebuilds exactly what was trained.
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
-    return MODELS[name]()
+    return MODELS[name](**sizes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,16 +241,25 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, damaged, unsafe to load, or made for another model."""
 
 
+## The first bytes of common picture formats: a picture given as a checkpoint is named as one.
+PICTURE_SIGNATURES = {b"\x89PNG": "PNG", b"\xff\xd8\xff": "JPEG", b"GIF8": "GIF",
+                      b"BM": "BMP", b"RIFF": "WebP", b"II*\x00": "TIFF", b"MM\x00*": "TIFF"}
+
+
 def save_checkpoint(path: str | Path, model: nn.Module, *, model_name: str, mean: float,
-                    std: float, epoch: int, val_accuracy: float) -> None:
-    """Write the model and what is needed to rebuild and use it to `path`, atomically."""
+                    std: float, epoch: int, val_accuracy: float, **extra) -> None:
+    """Write the model and what is needed to rebuild and use it to `path`, atomically.
+
+    `extra`: more plain values to keep with it, such as the model's sizes (sizes={...}).
+    """
     ## Unwrap DistributedDataParallel (.module) and `torch.compile(model)` (._orig_mod): their
     ## state_dict keys carry a prefix that a plain model would not recognise.
     if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
         model = model.module
     model = getattr(model, "_orig_mod", model)
     checkpoint = {"model_name": model_name, "state_dict": model.state_dict(), "mean": float(mean),
-                  "std": float(std), "epoch": int(epoch), "val_accuracy": float(val_accuracy)}
+                  "std": float(std), "epoch": int(epoch), "val_accuracy": float(val_accuracy),
+                  **extra}
     buffer = io.BytesIO()
     torch.save(checkpoint, buffer)  # in memory first: a full disk is then an OSError we can name
     write_atomically(path, buffer.getvalue())  # the old file stays whole if this fails
@@ -261,6 +276,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"checkpoint {path} {what}")
     if path.stat().st_size == 0:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes): it was not saved completely")
+    with open(path, "rb") as f:
+        start = f.read(8)
+    if kind := PICTURE_SIGNATURES.get(next((s for s in PICTURE_SIGNATURES if start.startswith(s)),
+                                           b"")):
+        raise CheckpointError(f"{path} is a {kind} picture, not a checkpoint")
     try:
         ## weights_only=True unpickles only tensors and plain containers. A pickle can otherwise
         ## name any function to call while loading, so a downloaded .pt file could run code.
@@ -272,18 +292,18 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             raise CheckpointError(
                 f"refused to load {path}: it contains Python objects, not just tensors and "
                 "numbers, and loading it could run code. Only a checkpoint saved with "
-                "save_checkpoint (a state_dict and plain values) is accepted.") from err
-        raise CheckpointError(f"{path} is not a PyTorch checkpoint ({first_line(err)})") from err
+                "save_checkpoint (a state_dict and plain values) is accepted") from err
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint") from err
     except Exception as err:  # a damaged file can make the unpickler fail in many ways
         raise CheckpointError(f"{path} is not a readable PyTorch checkpoint, or it is truncated "
-                              f"({first_line(err)[:120]})") from err
+                              f"({first_sentence(err)})") from err
     needed = ("model_name", "state_dict", "mean", "std")
     if not isinstance(checkpoint, dict) or not all(k in checkpoint for k in needed):
         values = checkpoint.values() if isinstance(checkpoint, dict) else [None]
         if all(isinstance(v, torch.Tensor) for v in values):
             raise CheckpointError(f"{path} holds a bare state_dict. This repo's checkpoints also "
                                   "record the model name and normalisation: save with "
-                                  "common.save_checkpoint (mnist_train.py does).")
+                                  "common.save_checkpoint (mnist_train.py does)")
         raise CheckpointError(f"{path} is a PyTorch file but not a checkpoint from this repo "
                               f"(it needs the keys {', '.join(needed)})")
     return checkpoint
@@ -296,20 +316,35 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
     if name not in MODELS:
         raise CheckpointError(f"{path} was saved for a model named {name!r}, which this code does "
                               f"not define (known: {', '.join(MODELS)})")
-    model = build_model(name)
+    try:  # the sizes trained with; a checkpoint saved before sizes were recorded has none
+        model = build_model(name, **checkpoint.get("sizes", {}))
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{path} records model sizes this code cannot build: "
+                              f"{checkpoint.get('sizes')} ({first_line(err)})") from err
     try:
         model.load_state_dict(checkpoint["state_dict"])  # strict: every name and shape must match
     except RuntimeError as err:
         raise CheckpointError(
             f"{path} does not fit the {name!r} model defined in common.py "
-            f"({first_line(err)[:150]}...). It was trained with a different architecture: "
-            "retrain it, or restore the model code it was trained with.") from err
+            f"({first_sentence(err)}). It was trained with a different architecture: "
+            "retrain it, or restore the model code it was trained with") from err
     return model.to(device).eval(), checkpoint
 
 
 def first_line(err: BaseException) -> str:
     """The first line of an exception's message (or its type's name), for one-line errors."""
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def sentence(text: str) -> str:
+    """`text` ending in a full stop, unless it already ends in one (or in ? or !)."""
+    return text if text.endswith((".", "?", "!")) else text + "."
+
+
+def first_sentence(err: BaseException) -> str:
+    """The first sentence of an exception's first line, without its final full stop."""
+    line = first_line(err)
+    return line.split(". ")[0].rstrip(".")
 
 
 # =============================================================================================

@@ -20,6 +20,7 @@ import functools
 import math
 import warnings
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 import torch.nn.functional as F
@@ -63,14 +64,18 @@ def one_thread(function):
 
 
 # reading a picture ---------------------------------------------------------------------------
-def load_gray(path: Path) -> torch.Tensor:
-    """Read any picture as a float tensor H x W in 0..1 (0 = black), upright, alpha on white."""
-    if not path.exists():
-        raise ImageProblem("no such file")
-    if path.is_dir():
-        raise ImageProblem("is a directory; pass the image files inside it (e.g. dir/*.png)")
-    if path.stat().st_size == 0:
-        raise ImageProblem("is empty (0 bytes)")
+def load_gray(path: Path | BinaryIO) -> torch.Tensor:
+    """Read any picture as a float tensor H x W in 0..1 (0 = black), upright, alpha on white.
+
+    `path` is a file's path, or a file object holding its bytes (io.BytesIO(data)).
+    """
+    if isinstance(path, Path):
+        if not path.exists():
+            raise ImageProblem("no such file")
+        if path.is_dir():
+            raise ImageProblem("is a directory; pass the image files inside it (e.g. dir/*.png)")
+        if path.stat().st_size == 0:
+            raise ImageProblem("is empty (0 bytes)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

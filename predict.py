@@ -15,6 +15,7 @@ One picture that cannot be read never stops the others.
 """
 
 import argparse
+import glob
 import io
 import json
 import sys
@@ -33,55 +34,94 @@ from digit_cleanup import ImageProblem
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not args.images and not args.serve:
+        parser.error("give one or more pictures to classify, or --serve to draw on a page")
+    if args.checkpoint is not None and args.model is not None:
+        parser.error("give --model (for its default checkpoint) or --checkpoint, not both")
+    if args.checkpoint is None:  # mnist_train.py's default save path for that model
+        args.checkpoint = Path("checkpoints") / f"mnist_{args.model or 'mlp'}.pt"
+        given = False
+    else:
+        given = True
     try:
         device = common.get_device(args.device)
     except ValueError as err:
         parser.error(str(err))
     if args.save_input is not None and (problem := common.check_output_dir(args.save_input)):
         parser.error(f"--save-input {args.save_input}: {problem}")
-    try:  # the architecture's name, the weights, and the normalisation used in training
+    try:  # the architecture, its sizes, the weights, and the normalisation used in training
         model, checkpoint = common.load_model(args.checkpoint, device)
     except common.CheckpointError as err:
-        hint = " Train one first: python mnist_train.py" if not args.checkpoint.exists() else ""
-        print(f"error: {err}.{hint}", file=sys.stderr)
+        print(f"error: {checkpoint_problem(err, args, given)}", file=sys.stderr)
         return 1
+    if checkpoint.get("dataset", "mnist") != "mnist":
+        print(f"note: {args.checkpoint} was trained on {checkpoint['dataset']}, not on "
+              "handwritten digits, so each picture is only scaled to 28x28 gray (and inverted "
+              "when its background is light), without the digit clean-up", file=sys.stderr)
 
-    results, failed = [], 0
-    for path in args.images:
+    if args.serve:
+        return serve_page(args, model, checkpoint, device)
+
+    if not args.json:  # which model answers: a new run replaces the default checkpoint
+        say(f"{args.checkpoint}: {describe(checkpoint)}", sys.stdout)
+    results, failed, saved_as = [], 0, set()
+    for path in pictures(args.images):
         try:
-            gray = digit_cleanup.load_gray(path)  # any picture, as gray 0..1 (0 = black)
-            digit, warning = digit_cleanup.preprocess(gray)  # -> a 28x28 MNIST-style digit
-            probs = classify(model, digit, checkpoint["mean"], checkpoint["std"], device)
+            if path.suffix.lower() in (".pt", ".pth") and path.is_file():
+                raise ImageProblem(f"is a checkpoint, not a picture: did you mean --checkpoint "
+                                   f"{path}?")
+            result, digit, probs = read_and_classify(path, model, checkpoint, device)
         except ImageProblem as err:  # a file that is not a readable picture
-            print(f"{path}: error: {err}", file=sys.stderr)
+            say(f"{path}: error: {err}", sys.stderr)
             failed += 1
             continue
         except Exception as err:  # a bug here: say so, and go on with the other pictures
             if args.debug:
                 traceback.print_exc()
-            print(f"{path}: error: unexpected {type(err).__name__}: {common.first_line(err)}. "
-                  "This is a bug in predict.py: please report it with the picture (--debug "
-                  "shows the traceback).", file=sys.stderr)
+            say(f"{path}: error: unexpected {type(err).__name__}: {common.first_line(err)}. "
+                "This is a bug in predict.py: please report it with the picture (--debug "
+                "shows the traceback).", sys.stderr)
             failed += 1
             continue
-        if warning:
-            print(f"{path}: warning: {warning}; the guess below means nothing", file=sys.stderr)
-        results.append({"path": str(path), "prediction": int(probs.argmax()),
-                        "probabilities": [round(float(p), 6) for p in probs],
-                        "warning": warning})
+        if result["warning"]:
+            say(f"{path}: warning: {result['warning']}; the guess below means nothing",
+                sys.stderr)
+        results.append({"path": str(path), **result, "checkpoint": str(args.checkpoint),
+                        "model": checkpoint["model_name"]})
         if not args.json:
             top = probs.topk(args.top_k)
-            guesses = ", ".join(f"{int(i)} ({p:.1%})" for p, i in zip(top.values, top.indices))
-            print(f"{path}: {guesses}")
+            guesses = ", ".join(f"{class_names(checkpoint)[int(i)]} ({p:.1%})"
+                                for p, i in zip(top.values, top.indices))
+            say(f"{path}: {guesses}", sys.stdout)
         if args.save_input is not None:
             try:
-                save_input(args.save_input / f"{path.stem}.png", digit)
+                save_input(args.save_input / f"{unique_stem(path, saved_as)}.png", digit)
             except common.OutputError as err:
-                print(f"{path}: error: {err}", file=sys.stderr)
+                say(f"{path}: error: {err}", sys.stderr)
                 failed += 1
     if args.json:
         print(json.dumps(results, indent=2))
     return 1 if failed else 0
+
+
+def read_and_classify(source, model: torch.nn.Module, checkpoint: dict,
+                      device: torch.device) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Read a picture (a path, or a file object), clean it up and classify it.
+
+    Returns the result ({"prediction", "class", "probabilities", "warning"}), the 28 x 28
+    image the model saw, and the probabilities as a tensor. The command line and the page
+    both use it.
+    """
+    gray = digit_cleanup.load_gray(source)  # any picture, as gray 0..1 (0 = black)
+    if checkpoint.get("dataset", "mnist") == "mnist":
+        digit, warning = digit_cleanup.preprocess(gray)  # -> a 28x28 MNIST-style digit
+    else:  # the clean-up knows digits only: other pictures are just made small and light-on-dark
+        digit, warning = plain_28x28(gray), None
+    probs = classify(model, digit, checkpoint["mean"], checkpoint["std"], device)
+    best = int(probs.argmax())
+    result = {"prediction": best, "class": class_names(checkpoint)[best],
+              "probabilities": [round(float(p), 6) for p in probs], "warning": warning}
+    return result, digit, probs
 
 
 def classify(model: torch.nn.Module, digit: torch.Tensor, mean: float, std: float,
@@ -95,21 +135,139 @@ def classify(model: torch.nn.Module, digit: torch.Tensor, mean: float, std: floa
     return torch.softmax(logits, dim=1)[0].float().cpu()  # scores -> probabilities summing to 1
 
 
+# what a result says, and about which model -------------------------------------------------
+def class_names(checkpoint: dict) -> list[str]:
+    """The names of the model's classes: "0" to "9" for digits (older checkpoints say none)."""
+    return checkpoint.get("classes") or [str(d) for d in range(10)]
+
+
+def describe(checkpoint: dict) -> str:
+    """'mlp 784-128-64-10, epoch 4, val acc 0.9718' (and the dataset when not MNIST)."""
+    sizes = checkpoint.get("sizes") or {}
+    shape = ("-".join(map(str, [784, *sizes.get("hidden", (128, 64)), 10]))
+             if checkpoint["model_name"] == "mlp" else "")
+    data = f" on {checkpoint['dataset']}" if checkpoint.get("dataset", "mnist") != "mnist" else ""
+    return (f"{checkpoint['model_name']} {shape}{data}, epoch {checkpoint.get('epoch', '?')}, "
+            f"val acc {checkpoint.get('val_accuracy', float('nan')):.4f}").replace("  ", " ")
+
+
+def plain_28x28(gray: torch.Tensor) -> torch.Tensor:
+    """The whole picture squashed to 28 x 28, light on dark as MNIST-style datasets are."""
+    small = torch.nn.functional.interpolate(gray[None, None], size=(28, 28), mode="area")[0, 0]
+    border = torch.cat([small[0], small[-1], small[:, 0], small[:, -1]])
+    return 1 - small if border.median() > 0.5 else small
+
+
+def checkpoint_problem(err: common.CheckpointError, args: argparse.Namespace, given: bool) -> str:
+    """The one-line error for a checkpoint that cannot be used, with the next step."""
+    text = common.sentence(str(err))
+    if not args.checkpoint.exists():
+        if not given:  # the default path: say where that is, whatever the current folder
+            text = common.sentence(f"checkpoint {args.checkpoint.resolve()} does not exist")
+        model = f" --model {args.model}" if args.model and args.model != "mlp" else ""
+        text += f" Train one first: python mnist_train.py{model}"
+    return text
+
+
+def pictures(paths: list[Path]) -> list[Path]:
+    """The paths, with patterns such as photos/*.jpg expanded where no shell did it."""
+    ## bash and zsh expand *.jpg before Python starts; Windows' cmd and PowerShell pass it on
+    ## as it is. A path that does not exist but has a wildcard in it is expanded here.
+    found = []
+    for path in paths:
+        if not path.exists() and any(c in str(path) for c in "*?["):
+            matches = sorted(Path(p) for p in glob.glob(str(path)))
+            found.extend(matches or [path])  # nothing matched: "no such file" says so
+        else:
+            found.append(path)
+    return found
+
+
+def unique_stem(path: Path, used: set[str]) -> str:
+    """path's stem, or stem-2, stem-3, ... so that two pictures never share one name."""
+    stem, n = path.stem, 1
+    while (name := stem if n == 1 else f"{stem}-{n}") in used:
+        n += 1
+    used.add(name)
+    return name
+
+
+def say(line: str, stream) -> None:
+    """Print a line; a character the terminal cannot show becomes an escape, not a crash."""
+    ## On Windows, output to a file or pipe is encoded in the console's code page, where a file
+    ## name in another script would raise UnicodeEncodeError and end the whole batch.
+    try:
+        print(line, file=stream)
+    except UnicodeEncodeError:
+        encoding = stream.encoding or "ascii"
+        print(line.encode(encoding, "backslashreplace").decode(encoding), file=stream)
+
+
+# the page: python predict.py --serve -----------------------------------------------------------
+def serve_page(args: argparse.Namespace, model: torch.nn.Module, checkpoint: dict,
+               device: torch.device) -> int:
+    """Serve the draw-a-digit page until Ctrl-C; each picture goes through read_and_classify."""
+    import digit_server
+
+    about = {"checkpoint": str(args.checkpoint), "model": checkpoint["model_name"],
+             "epoch": checkpoint.get("epoch"), "val_accuracy": checkpoint.get("val_accuracy")}
+    try:
+        server = digit_server.make_server(args.host, args.port,
+                                          page_answer(model, checkpoint, device), about,
+                                          args.debug)
+    except digit_server.PortInUse as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a host name that does not resolve, an address not on this machine
+        print(f"error: cannot listen on {args.host} port {args.port}: {err.strerror or err}. "
+              "Check --host (127.0.0.1 for this machine only).", file=sys.stderr)
+        return 2
+    digit_server.serve(server, args.host)
+    return 0
+
+
+def page_answer(model: torch.nn.Module, checkpoint: dict, device: torch.device):
+    """The page's answer to the bytes of a picture file: one --json result, and its input."""
+    def answer(picture: bytes) -> dict:
+        result, digit, _ = read_and_classify(io.BytesIO(picture), model, checkpoint, device)
+        result["input"] = (digit * 255).round().to(torch.uint8).tolist()  # 28 rows of 28
+        return result
+
+    return answer
+
+
 # the command line, and saving what the model saw ---------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("images", nargs="+", type=Path, help="image files (PNG, JPEG, ...)")
-    parser.add_argument("--checkpoint", type=Path, default=Path("checkpoints/mnist_mlp.pt"),
-                        help="a checkpoint written by mnist_train.py")
+    parser.add_argument("images", nargs="*", type=Path, help="image files (PNG, JPEG, ...)")
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="a checkpoint written by mnist_train.py (default: "
+                             "checkpoints/mnist_mlp.pt, or that of --model)")
+    parser.add_argument("--model", choices=sorted(common.MODELS), default=None,
+                        help="use checkpoints/mnist_<model>.pt, where mnist_train.py --model "
+                             "<model> saves it")
     parser.add_argument("--top-k", type=top_k, default=1, help="also show the next K-1 guesses")
     parser.add_argument("--json", action="store_true", help="print a JSON list instead")
     parser.add_argument("--save-input", type=Path, metavar="DIR", default=None,
                         help="save the 28x28 image the model saw for each input into DIR")
     parser.add_argument("--device", default="cpu", help="cpu is plenty for a few images")
+    parser.add_argument("--serve", action="store_true",
+                        help="serve a page to draw digits on, at http://HOST:PORT/")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="with --serve: 127.0.0.1 is this machine only; 0.0.0.0 shares the "
+                             "page with your network")
+    parser.add_argument("--port", type=port_number, default=8000, help="with --serve")
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback when a picture fails unexpectedly")
     return parser
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0 to 65535 (0: any free port)."""
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
+    return int(text)
 
 
 def top_k(text: str) -> int:

@@ -115,3 +115,24 @@ def small_disk(tmp_path):
     yield make
     for folder in mounted:
         subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.fixture(scope="session")
+def page_server(trained_checkpoint):
+    """The page's server, as `predict.py --serve` builds it, on a free port: its port."""
+    import threading
+
+    import common
+    import digit_server
+    import predict
+
+    model, checkpoint = common.load_model(trained_checkpoint)
+    about = {"checkpoint": str(trained_checkpoint), "model": "mlp", "epoch": checkpoint["epoch"],
+             "val_accuracy": checkpoint["val_accuracy"]}
+    httpd = digit_server.make_server("127.0.0.1", 0, predict.page_answer(model, checkpoint, "cpu"),
+                                     about)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd.server_port
+    httpd.shutdown()
+    httpd.server_close()

@@ -41,7 +41,9 @@ def test_only_rank_0_prints_and_its_checkpoint_loads_like_a_plain_one(two_proces
     assert not any(key.startswith("module.") for key in state)
     digit_picture(4).save(tmp_path / "four.png")
     assert predict.main(["--checkpoint", str(save_path), str(tmp_path / "four.png")]) == 0
-    assert capsys.readouterr().out.startswith(f"{tmp_path / 'four.png'}: ")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{save_path}: mlp") and lines[1].startswith(
+        f"{tmp_path / 'four.png'}: ")
 
 
 def test_printed_metrics_are_those_of_the_whole_validation_set(two_process_run, tiny_mnist):

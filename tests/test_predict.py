@@ -13,6 +13,13 @@ import digit_cleanup
 import predict
 
 
+def results(out, checkpoint):
+    """The result lines of predict.py's output, after its first line, which names the model."""
+    first, *rest = out.splitlines()
+    assert first.startswith(f"{checkpoint}: mlp 784-128-64-10, epoch "), first
+    return rest
+
+
 def test_predict_classifies_pictures_end_to_end(trained_checkpoint, tmp_path, capsys):
     paths = []
     for digit in range(10):
@@ -21,7 +28,7 @@ def test_predict_classifies_pictures_end_to_end(trained_checkpoint, tmp_path, ca
     rc = predict.main(["--checkpoint", str(trained_checkpoint), "--top-k", "3",
                        "--save-input", str(tmp_path / "seen"), *map(str, paths)])
     assert rc == 0
-    lines = capsys.readouterr().out.splitlines()
+    lines = results(capsys.readouterr().out, trained_checkpoint)
     assert len(lines) == 10
     assert all(line.startswith(f"{p}: ") and line.count("%") == 3 for line, p in zip(lines, paths))
     right = sum(line.split(": ")[1].startswith(f"{d} (") for d, line in enumerate(lines))
@@ -36,7 +43,10 @@ def test_json_output_has_path_prediction_and_ten_probabilities(trained_checkpoin
     assert predict.main(["--checkpoint", str(trained_checkpoint), "--json",
                          str(tmp_path / "one.png")]) == 0
     [result] = json.loads(capsys.readouterr().out)
-    assert set(result) == {"path", "prediction", "probabilities", "warning"}
+    assert set(result) == {"path", "prediction", "class", "probabilities", "warning",
+                           "checkpoint", "model"}
+    assert result["checkpoint"] == str(trained_checkpoint) and result["model"] == "mlp"
+    assert result["class"] == str(result["prediction"])
     assert result["warning"] is None
     assert result["path"] == str(tmp_path / "one.png") and isinstance(result["prediction"], int)
     assert len(result["probabilities"]) == 10 and sum(result["probabilities"]) == pytest.approx(1)
@@ -60,7 +70,7 @@ def test_bad_files_are_reported_and_the_good_ones_still_classified(trained_check
     assert rc == 1
     assert f"{tmp_path / 'missing.png'}: error: no such file" in err
     assert f"{tmp_path / 'notes.txt'}: error: is not an image" in err
-    assert out.startswith(f"{tmp_path / 'good.png'}: ")
+    assert results(out, trained_checkpoint)[0].startswith(f"{tmp_path / 'good.png'}: ")
 
 
 def test_a_blank_picture_gets_a_warning(trained_checkpoint, tmp_path, capsys):
@@ -97,7 +107,8 @@ def test_a_1x1_picture_is_refused_and_the_pictures_around_it_are_classified(
     paths = [str(tmp_path / name) for name in ("a.png", "b.png", "c.png")]
     assert predict.main(["--checkpoint", str(trained_checkpoint), *paths]) == 1
     out, err = capsys.readouterr()
-    assert [line.split(": ")[0] for line in out.splitlines()] == [paths[0], paths[2]]
+    assert [line.split(": ")[0] for line in results(out, trained_checkpoint)] == [paths[0],
+                                                                                  paths[2]]
     assert err == f"{paths[1]}: error: is only 1 x 1 pixels: too small to hold a digit\n"
 
 
@@ -117,7 +128,8 @@ def test_an_unexpected_error_on_one_picture_is_one_line_and_the_rest_go_on(
     paths = [str(tmp_path / name) for name in ("a.png", "b.png", "c.png")]
     assert predict.main(["--checkpoint", str(trained_checkpoint), *paths]) == 1
     out, err = capsys.readouterr()
-    assert [line.split(": ")[0] for line in out.splitlines()] == [paths[0], paths[2]]
+    assert [line.split(": ")[0] for line in results(out, trained_checkpoint)] == [paths[0],
+                                                                                  paths[2]]
     assert err == (f"{paths[1]}: error: unexpected RuntimeError: kthvalue(): selected number k "
                    "out of range. This is a bug in predict.py: please report it with the picture "
                    "(--debug shows the traceback).\n")
@@ -149,7 +161,100 @@ def test_ctrl_c_ends_a_batch_with_one_line_and_exit_code_130(trained_checkpoint,
                              str(trained_checkpoint), *paths],
                             cwd=Path(__file__).resolve().parent.parent,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith(f"{trained_checkpoint}: mlp")  # the model
     assert proc.stdout.readline().startswith(paths[0])  # started: the first one is classified
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130 and err.strip() == "interrupted: stopped."
+
+
+# choosing the model, and messages that say what to do -----------------------------------------
+def test_model_cnn_picks_the_cnns_default_checkpoint_or_says_how_to_train_it(
+        trained_checkpoint, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    digit_picture(2).save(tmp_path / "two.png")
+    assert predict.main(["--model", "cnn", "two.png"]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: checkpoint {tmp_path / 'checkpoints' / 'mnist_cnn.pt'} does not "
+                   "exist. Train one first: python mnist_train.py --model cnn\n")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "mnist_cnn.pt").write_bytes(trained_checkpoint.read_bytes())
+    assert predict.main(["--model", "cnn", "two.png"]) == 0  # the file there is what answers
+    assert capsys.readouterr().out.startswith(f"{Path('checkpoints') / 'mnist_cnn.pt'}: mlp")
+    with pytest.raises(SystemExit):
+        predict.main(["--model", "cnn", "--checkpoint", "x.pt", "two.png"])
+    assert "not both" in capsys.readouterr().err
+
+
+def test_a_checkpoint_among_the_pictures_gets_did_you_mean(trained_checkpoint, tmp_path,
+                                                           capsys):
+    digit_picture(6).save(tmp_path / "six.png")
+    assert predict.main(["--checkpoint", str(trained_checkpoint), str(trained_checkpoint),
+                         str(tmp_path / "six.png")]) == 1
+    out, err = capsys.readouterr()
+    assert err == (f"{trained_checkpoint}: error: is a checkpoint, not a picture: did you mean "
+                   f"--checkpoint {trained_checkpoint}?\n")
+    assert results(out, trained_checkpoint)[0].startswith(f"{tmp_path / 'six.png'}: ")
+
+
+@pytest.mark.parametrize("content, message", [
+    ("picture", "is a PNG picture, not a checkpoint."),
+    ("truncated", "is not a readable PyTorch checkpoint, or it is truncated (PytorchStreamReader "
+                  "failed reading zip archive: failed finding central directory)."),
+])
+def test_a_bad_checkpoint_is_one_whole_sentence_that_never_suggests_weights_only_false(
+        trained_checkpoint, tmp_path, capsys, content, message):
+    bad = tmp_path / "bad.pt"
+    if content == "picture":
+        digit_picture(1).save(bad, format="PNG")
+    else:
+        bad.write_bytes(trained_checkpoint.read_bytes()[:3000])
+    digit_picture(1).save(tmp_path / "one.png")
+    assert predict.main(["--checkpoint", str(bad), str(tmp_path / "one.png")]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: {bad} {message}\n"
+    assert "weights_only" not in err and ".." not in err
+
+
+def test_save_input_gives_two_pictures_with_one_name_two_files(trained_checkpoint, tmp_path):
+    (tmp_path / "marker").mkdir()
+    (tmp_path / "mouse").mkdir()
+    digit_picture(3).save(tmp_path / "marker" / "d3A.jpg")
+    digit_picture(8).save(tmp_path / "mouse" / "d3A.png")
+    assert predict.main(["--checkpoint", str(trained_checkpoint), "--save-input",
+                         str(tmp_path / "seen"), str(tmp_path / "marker" / "d3A.jpg"),
+                         str(tmp_path / "mouse" / "d3A.png")]) == 0
+    assert sorted(p.name for p in (tmp_path / "seen").iterdir()) == ["d3A-2.png", "d3A.png"]
+    assert (tmp_path / "seen" / "d3A.png").read_bytes() != (
+        tmp_path / "seen" / "d3A-2.png").read_bytes()
+
+
+def test_a_pattern_no_shell_expanded_is_expanded_here(trained_checkpoint, tmp_path, capsys):
+    ## Windows' cmd and PowerShell pass photos/*.jpg to Python as it is.
+    for digit in (1, 7):
+        digit_picture(digit).save(tmp_path / f"d{digit}.jpg")
+    assert predict.main(["--checkpoint", str(trained_checkpoint),
+                         str(tmp_path / "*.jpg")]) == 0
+    lines = results(capsys.readouterr().out, trained_checkpoint)
+    assert [line.split(": ")[0] for line in lines] == [str(tmp_path / "d1.jpg"),
+                                                       str(tmp_path / "d7.jpg")]
+    assert predict.main(["--checkpoint", str(trained_checkpoint), str(tmp_path / "*.gif")]) == 1
+    assert f"{tmp_path / '*.gif'}: error: no such file" in capsys.readouterr().err
+
+
+def test_a_name_the_output_encoding_cannot_show_does_not_stop_the_batch(trained_checkpoint,
+                                                                        tmp_path):
+    ## Windows writes redirected output in the console's code page, such as cp1252.
+    import subprocess
+
+    names = ["数字.png", "plain.png"]
+    for name in names:
+        digit_picture(4).save(tmp_path / name)
+    proc = subprocess.run([sys.executable, "predict.py", "--checkpoint", str(trained_checkpoint),
+                           *(str(tmp_path / n) for n in names)],
+                          cwd=Path(predict.__file__).parent, capture_output=True,
+                          env={**__import__("os").environ, "PYTHONIOENCODING": "cp1252"})
+    assert proc.returncode == 0, proc.stderr.decode("cp1252")
+    lines = proc.stdout.decode("cp1252").splitlines()
+    assert lines[1].startswith(str(tmp_path / "\\u6570\\u5b57.png")) and lines[2].startswith(
+        str(tmp_path / "plain.png"))

@@ -1,0 +1,199 @@
+"""The local web page of `python predict.py --serve`: draw a digit, watch the model guess.
+
+    python predict.py --serve                 # then open http://127.0.0.1:8000/
+    python predict.py --serve --port 8080 --checkpoint checkpoints/mnist_cnn.pt
+
+The page (draw_a_digit.html, one file with its CSS and JavaScript, nothing from the internet)
+sends each drawing, or a photo chosen or dropped on it, as the bytes of a picture file to
+POST /predict. This module only speaks HTTP: it hands those bytes to the function predict.py
+gives it, which runs exactly what `python predict.py my_digit.png` runs, and sends back its
+JSON. Built on the standard library's http.server, so it needs nothing to install.
+
+The server is a door into your machine, so it opens little: it listens on 127.0.0.1 unless
+told otherwise, serves the page and nothing else from disk, answers only requests addressed to
+it by name (no DNS rebinding), refuses bodies over MAX_BODY before reading them, and handles
+one picture at a time, so that memory stays bounded however many requests arrive.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from digit_cleanup import ImageProblem
+
+PAGE = Path(__file__).resolve().with_name("draw_a_digit.html")
+MAX_BODY = 20 * 1024 * 1024  # bytes: a big phone photo is 5-10 MB
+ROUTES = {"/": ("GET",), "/model": ("GET",), "/predict": ("POST",)}
+
+
+class PortInUse(Exception):
+    """The port is taken by another program (or another server of this page)."""
+
+
+def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: dict,
+                debug: bool = False) -> ThreadingHTTPServer:
+    """A server (not yet serving) for the page; `answer(picture bytes)` gives the JSON result."""
+    page = PAGE.read_bytes()  # read once: what is served cannot change while it runs
+    ## Bounded memory: at most 4 bodies of up to MAX_BODY are held at once, and one picture at
+    ## a time is decoded and classified (a 20 MB upload can decode to 120 megapixels). Torch
+    ## then runs one inference at a time too, instead of several thread pools fighting over
+    ## the cores.
+    uploads = threading.BoundedSemaphore(4)
+    one_at_a_time = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "draw-a-digit"
+
+        def do_GET(self) -> None:  # http.server calls do_<METHOD>
+            if self.allowed("GET"):
+                if self.path == "/":
+                    self.reply(HTTPStatus.OK, page, "text/html; charset=utf-8")
+                else:  # /model
+                    self.reply_json(HTTPStatus.OK, about)
+
+        def do_POST(self) -> None:
+            if not self.allowed("POST"):
+                return
+            length = self.headers.get("Content-Length")
+            if length is None or not length.isdigit():
+                self.reply_json(HTTPStatus.LENGTH_REQUIRED,
+                                {"error": "send the picture with a Content-Length"})
+                return
+            if int(length) > MAX_BODY:  # refused unread; the connection is then closed
+                self.close_connection = True
+                self.reply_json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                                {"error": f"the picture is {int(length) / 2**20:.1f} MB; the limit "
+                                          f"is {MAX_BODY // 2**20} MB"})
+                return
+            with uploads:
+                body = self.rfile.read(int(length))
+                if not body:
+                    self.reply_json(HTTPStatus.BAD_REQUEST,
+                                    {"error": "the picture is empty (0 bytes)"})
+                    return
+                try:
+                    with one_at_a_time:
+                        result = answer(body)
+                except ImageProblem as err:  # not a picture, or a damaged one
+                    self.reply_json(HTTPStatus.BAD_REQUEST, {"error": f"the picture {err}"})
+                    return
+                except Exception as err:  # a bug: one line here, and the server goes on
+                    print(f"error: unexpected {type(err).__name__} while classifying a picture: "
+                          f"{str(err).splitlines()[0] if str(err) else ''}", file=sys.stderr)
+                    if debug:
+                        traceback.print_exc()
+                    self.reply_json(HTTPStatus.INTERNAL_SERVER_ERROR,
+                                    {"error": f"unexpected {type(err).__name__}: a bug in the "
+                                              "server; its terminal says more"})
+                    return
+            self.reply_json(HTTPStatus.OK, result)
+
+        def do_PUT(self) -> None:  # every other method is refused alike
+            self.allowed("PUT")
+
+        do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_PUT
+
+        def allowed(self, method: str) -> bool:
+            """Check the Host header, the path and the method; answer the error if any."""
+            if not host_allowed(self.headers.get("Host", ""), host, self.server.server_port):
+                self.reply_json(HTTPStatus.FORBIDDEN, {"error": "this server answers only "
+                                                                "requests addressed to it"})
+                return False
+            path = self.path.split("?")[0]
+            if path not in ROUTES:
+                self.reply_json(HTTPStatus.NOT_FOUND, {"error": f"no page {path[:80]}"})
+                return False
+            if method not in ROUTES[path]:
+                self.reply_json(HTTPStatus.METHOD_NOT_ALLOWED,
+                                {"error": f"{path} takes {' or '.join(ROUTES[path])}"},
+                                allow=", ".join(ROUTES[path]))
+                return False
+            self.path = path
+            return True
+
+        def reply_json(self, status: HTTPStatus, data: dict, allow: str | None = None) -> None:
+            self.reply(status, json.dumps(data).encode(), "application/json", allow)
+
+        def reply(self, status: HTTPStatus, body: bytes, content_type: str,
+                  allow: str | None = None) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            if allow:
+                self.send_header("Allow", allow)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def log_message(self, format: str, *args) -> None:  # noqa: A002
+            pass  # one line per stroke would drown the terminal; errors are printed above
+
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as err:
+        if err.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
+            raise PortInUse(f"port {port} on {host} is already in use, by another program or "
+                            "another server of this page: pass --port with another number, "
+                            "such as --port 8001") from err
+        raise
+    server.daemon_threads = True  # Ctrl-C does not wait for open connections
+    return server
+
+
+def host_allowed(header: str, host: str, port: int) -> bool:
+    """Whether a request's Host header names this server, as it listens on host:port."""
+    ## A web page on another site can make the browser send requests to 127.0.0.1 through a
+    ## domain name it controls that it points at 127.0.0.1 ("DNS rebinding"); the browser then
+    ## sends that name as the Host. Names other than the ones this server is known by are
+    ## refused. A server shared on the network (--host 0.0.0.0) is reached by its IP
+    ## addresses, which are safe: rebinding needs a name.
+    if header.startswith("["):  # [::1]:8000
+        name, _, rest = header[1:].partition("]")
+        given_port = rest.removeprefix(":")
+    elif header.count(":") == 1:  # 127.0.0.1:8000, localhost:8000
+        name, given_port = header.split(":")
+    else:  # no port given (80), or a bare IPv6 address
+        name, given_port = header, ""
+    if given_port != str(port) and not (given_port == "" and port == 80):
+        return False
+    name = name.lower()
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return name in ("127.0.0.1", "localhost", "::1")
+    if host in ("0.0.0.0", "::", ""):  # every address of this machine
+        return is_ip(name) or name in ("localhost", socket.gethostname().lower())
+    return name == host.lower() or (is_ip(name) and is_ip(host)
+                                    and ipaddress.ip_address(name) == ipaddress.ip_address(host))
+
+
+def is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def serve(server: ThreadingHTTPServer, host: str) -> None:
+    """Say where the page is, then serve until Ctrl-C (which raises KeyboardInterrupt)."""
+    port = server.server_port
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    print(f"Open http://{shown if ':' not in shown else f'[{shown}]'}:{port}/ in a browser "
+          "to draw a digit. Ctrl-C to stop.", flush=True)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"note: listening on {host}: other machines on your network can use this page "
+              "too.", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()

@@ -1,0 +1,202 @@
+"""digit_server.py and `predict.py --serve`: a real server on 127.0.0.1, real HTTP requests."""
+
+import http.client
+import io
+import json
+import signal
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+import digit_cleanup
+import digit_server
+import predict
+from samples.draw_samples import draw_digit
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def request(port, method, path, body=None, headers=None, host=None):
+    """(status, parsed JSON or the raw bytes) of one request."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    connection.putrequest(method, path, skip_host=True)
+    connection.putheader("Host", host or f"127.0.0.1:{port}")
+    for name, value in (headers or {}).items():
+        connection.putheader(name, value)
+    if body is not None and "Content-Length" not in (headers or {}):
+        connection.putheader("Content-Length", str(len(body)))
+    connection.endheaders(body)
+    response = connection.getresponse()
+    data = response.read()
+    connection.close()
+    kind = response.getheader("Content-Type", "")
+    return response.status, json.loads(data) if kind.startswith("application/json") else data
+
+
+def png_bytes(img):
+    buffer = io.BytesIO()
+    img.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def drawn(digit):
+    """A digit drawn with a marker on a white 336-px square, as the page's canvas sends it."""
+    return png_bytes(draw_digit(digit, size=(336, 336), height=230, width=22))
+
+
+def test_a_drawn_digit_gets_the_same_answer_as_the_command_line(page_server, trained_checkpoint,
+                                                                 tmp_path, capsys):
+    picture = drawn(7)
+    status, answer = request(page_server, "POST", "/predict", picture)
+    assert status == 200
+    assert set(answer) >= {"prediction", "probabilities", "warning", "input"}
+    assert len(answer["probabilities"]) == 10 and answer["warning"] is None
+    assert len(answer["input"]) == 28 and all(len(row) == 28 for row in answer["input"])
+    (tmp_path / "seven.png").write_bytes(picture)
+    assert predict.main(["--checkpoint", str(trained_checkpoint), "--json",
+                         "--save-input", str(tmp_path / "seen"), str(tmp_path / "seven.png")]) == 0
+    [result] = json.loads(capsys.readouterr().out)
+    assert answer["prediction"] == result["prediction"]
+    assert answer["probabilities"] == result["probabilities"]
+    ## the input it reports is the picture predict.py saved as what the model saw
+    seen = Image.open(tmp_path / "seen" / "seven.png")
+    assert list(seen.tobytes()) == [v for row in answer["input"] for v in row]
+
+
+def test_the_page_and_the_checkpoint_it_names_are_served(page_server, trained_checkpoint):
+    status, page = request(page_server, "GET", "/")
+    assert status == 200 and b"<canvas" in page and b"/predict" in page
+    assert b"http://" not in page and b"https://" not in page  # nothing from the internet
+    status, about = request(page_server, "GET", "/model")
+    assert status == 200 and about["model"] == "mlp" and about["checkpoint"] == str(
+        trained_checkpoint) and 0 < about["val_accuracy"] <= 1
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"", "the picture is empty (0 bytes)"),
+    (b"hello, not a picture", "the picture is not an image Pillow can read"),
+    (None, "the picture is truncated or damaged"),  # a PNG cut in half
+])
+def test_a_bad_picture_gets_400_with_one_line_and_the_server_goes_on(page_server, body, message):
+    if body is None:
+        body = drawn(3)[:500]
+    status, answer = request(page_server, "POST", "/predict", body)
+    assert status == 400 and answer["error"].startswith(message)
+    assert len(answer) == 1 and "\n" not in answer["error"]
+    assert request(page_server, "POST", "/predict", drawn(3))[0] == 200
+
+
+def test_a_body_over_the_limit_gets_413_without_being_read(page_server):
+    ## Only the headers are sent: the server must answer without waiting for 21 MB.
+    connection = socket.create_connection(("127.0.0.1", page_server), timeout=30)
+    connection.sendall(f"POST /predict HTTP/1.1\r\nHost: 127.0.0.1:{page_server}\r\n"
+                       f"Content-Length: {21 * 2**20}\r\n\r\n".encode())
+    reply = b""
+    while chunk := connection.recv(4096):  # the server closes the connection after its reply
+        reply += chunk
+    connection.close()
+    reply = reply.decode()
+    assert reply.startswith("HTTP/1.0 413") or reply.startswith("HTTP/1.1 413")
+    assert "the limit is 20 MB" in reply
+    assert request(page_server, "POST", "/predict", drawn(3))[0] == 200
+
+
+@pytest.mark.parametrize("method, path, status", [
+    ("GET", "/predict", 405), ("POST", "/", 405), ("DELETE", "/predict", 405),
+    ("GET", "/nope", 404), ("GET", "/draw_a_digit.html", 404), ("GET", "/../README.md", 404),
+    ("GET", "/%2e%2e/predict.py", 404), ("GET", "/digit_server.py", 404),
+])
+def test_nothing_but_the_page_is_served_and_wrong_methods_are_refused(page_server, method, path,
+                                                                       status):
+    code, answer = request(page_server, method, path, b"" if method != "GET" else None)
+    assert code == status and "error" in answer
+
+
+@pytest.mark.parametrize("host", ["evil.example:{port}", "localhost.evil.example:{port}",
+                                  "127.0.0.1:1", "192.168.1.5:{port}"])
+def test_a_request_addressed_to_another_name_is_refused(page_server, host):
+    ## DNS rebinding: a page elsewhere points its own name at 127.0.0.1.
+    status, answer = request(page_server, "GET", "/", host=host.format(port=page_server))
+    assert status == 403
+
+
+def test_localhost_and_the_loopback_address_are_accepted(page_server):
+    for name in ("localhost", "127.0.0.1", "LOCALHOST"):
+        host = f"{name}:{page_server}"
+        assert request(page_server, "GET", "/model", host=host)[0] == 200, host
+
+
+def test_the_host_rules_for_a_server_shared_on_the_network():
+    allowed = digit_server.host_allowed
+    assert allowed("192.168.1.5:8000", "0.0.0.0", 8000)  # an address of this machine
+    assert allowed("[fe80::1]:8000", "0.0.0.0", 8000)
+    assert not allowed("rebind.example:8000", "0.0.0.0", 8000)  # a name: refused
+    assert allowed("192.168.1.5:8000", "192.168.1.5", 8000)
+    assert not allowed("10.0.0.1:8000", "192.168.1.5", 8000)
+    assert allowed("localhost", "127.0.0.1", 80) and not allowed("localhost", "127.0.0.1", 81)
+
+
+def test_a_bug_while_classifying_gets_500_with_one_line_and_the_server_goes_on(
+        page_server, monkeypatch, capfd):
+    def broken(gray):
+        raise RuntimeError("kthvalue(): selected number k out of range")
+
+    monkeypatch.setattr(digit_cleanup, "preprocess", broken)
+    status, answer = request(page_server, "POST", "/predict", drawn(5))
+    assert status == 500 and answer["error"].startswith("unexpected RuntimeError")
+    assert "RuntimeError while classifying a picture: kthvalue()" in capfd.readouterr().err
+    monkeypatch.undo()
+    assert request(page_server, "POST", "/predict", drawn(5))[0] == 200
+
+
+def test_20_concurrent_requests_all_succeed(page_server):
+    pictures = [drawn(d % 10) for d in range(20)]
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(lambda p: request(page_server, "POST", "/predict", p), pictures))
+    assert [status for status, _ in answers] == [200] * 20
+    ## each answer is its own picture's: the same picture again gives the same answer
+    assert request(page_server, "POST", "/predict", pictures[7])[1] == answers[7][1]
+
+
+def test_a_port_in_use_is_one_line_and_exit_code_2(trained_checkpoint, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert predict.main(["--serve", "--port", str(port), "--checkpoint",
+                             str(trained_checkpoint)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: port {port} on 127.0.0.1 is already in use, by another program or "
+                   "another server of this page: pass --port with another number, such as "
+                   "--port 8001\n")
+
+
+def test_a_missing_checkpoint_is_reported_before_anything_is_served(tmp_path, capsys):
+    assert predict.main(["--serve", "--port", "0", "--checkpoint", str(tmp_path / "no.pt")]) == 1
+    captured = capsys.readouterr()
+    assert "Open http" not in captured.out and "does not exist" in captured.err
+
+
+def test_no_pictures_and_no_serve_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        predict.main([])
+    assert exit_.value.code == 2
+    assert "give one or more pictures to classify, or --serve" in capsys.readouterr().err
+
+
+def test_serve_prints_the_address_and_ctrl_c_ends_it_with_one_line(trained_checkpoint):
+    proc = subprocess.Popen([sys.executable, "-u", "predict.py", "--serve", "--port", "0",
+                             "--checkpoint", str(trained_checkpoint)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()
+    assert first.startswith("Open http://127.0.0.1:") and first.strip().endswith("Ctrl-C to stop.")
+    port = int(first.split(":")[2].split("/")[0])
+    assert request(port, "POST", "/predict", drawn(2))[0] == 200
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip() == "interrupted: stopped."
