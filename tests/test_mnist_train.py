@@ -61,7 +61,7 @@ def test_trains_end_to_end_and_keeps_the_best_validation_epoch(tiny_mnist, tmp_p
     rows_of_tiles = math.ceil(min(64, 200 - correct) / 8)
     assert Image.open(picture).size[1] == rows_of_tiles * (112 + 24 + 3) + 3  # 112-px digits
     assert sorted(p.name for p in save_path.parent.iterdir()) == [
-        "best.csv", "best.pt", "best_mistakes.png"]
+        "best.csv", "best.pt", "best_mistakes.png", "best_resume.pt"]
 
 
 def test_dry_run_runs_one_batch_of_each_phase_and_writes_no_picture(tiny_mnist, tmp_path,
@@ -250,12 +250,13 @@ def test_a_new_run_renames_the_earlier_runs_files_instead_of_replacing_them(tiny
     out = capsys.readouterr().out
     kept = tmp_path / f"best.{stamp}.pt"
     assert (f"an earlier run's files are kept: {save_path} -> {kept} (epoch 1, val acc "
-            f"{epoch_1_acc:.4f}), with its .csv and _mistakes.png") in out
+            f"{epoch_1_acc:.4f}), with its .csv, _mistakes.png and _resume.pt") in out
     ## the earlier run's three files, byte for byte, under the stamped names
     assert {name: (tmp_path / name.replace("best", f"best.{stamp}", 1)).read_bytes()
             for name in first} == first
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [*first, f"best.{stamp}.csv", f"best.{stamp}.pt", f"best.{stamp}_mistakes.png"])
+        [*first, f"best.{stamp}.csv", f"best.{stamp}.pt", f"best.{stamp}_mistakes.png",
+         f"best.{stamp}_resume.pt"])
     assert save_path.read_bytes() != first["best.pt"]  # the new run's model, where predict looks
     ## a third run in the same second as the second one keeps both earlier runs
     os.utime(save_path, (kept.stat().st_mtime,) * 2)
@@ -290,20 +291,21 @@ def test_ctrl_c_says_what_is_on_disk_and_the_earlier_model_stays_findable(tiny_m
                   "run's, is unchanged."
     assert save_path.read_bytes() == earlier
     ## Ctrl-C after the new run's first save: the message says which model is where.
-    record = mnist_train.record_history
+    save_state = mnist_train.RunOutputs.save_training_state
 
-    def record_then_interrupt(*args, **kwargs):
-        record(*args, **kwargs)
+    def save_then_interrupt(*args, **kwargs):  # the last write of an epoch's saving block
+        save_state(*args, **kwargs)
         raise KeyboardInterrupt  # as interrupts_deferred() does for a Ctrl-C held back
 
-    monkeypatch.setattr(mnist_train, "record_history", record_then_interrupt)
+    monkeypatch.setattr(mnist_train.RunOutputs, "save_training_state", save_then_interrupt)
     assert train(tiny_mnist, save_path, "--epochs", "20") == 130
     err = capsys.readouterr().err.strip()
-    kept = next(tmp_path.glob("best.*.pt"))
+    kept = next(p for p in tmp_path.glob("best.*.pt") if not p.stem.endswith("_resume"))
     acc = common.load_checkpoint(save_path)["val_accuracy"]
     assert err == (f"interrupted: stopped. {save_path} holds this run's best model so far "
                    f"(epoch 1, val acc {acc:.4f}), complete and loadable; the earlier run's "
-                   f"model is kept as {kept}.")
+                   f"model is kept as {kept}. To go on from the last epoch: python "
+                   f"mnist_train.py --save-path {save_path} --resume.")
     assert kept.read_bytes() == earlier
 
 
@@ -333,7 +335,8 @@ def test_a_signal_stops_training_cleanly_and_keeps_the_checkpoint(tiny_mnist, tm
     err = capsys.readouterr().err
     assert err.strip().startswith("interrupted") and len(err.strip().splitlines()) == 1
     common.load_model(save_path)  # loads: it is complete
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.csv", "best.pt"]  # no temp files
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # and no temporary files
+        "best.csv", "best.pt", "best_resume.pt"]
     assert signal.getsignal(sig) is previous  # main() put the caller's handler back
 
 
@@ -359,7 +362,7 @@ def test_ctrl_c_on_the_command_line_exits_130_with_one_line(tiny_mnist, tmp_path
     assert proc.returncode == 130, err[-2000:]
     assert err.strip().startswith("interrupted") and len(err.strip().splitlines()) == 1, err
     common.load_model(save_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.csv", "best.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.csv", "best.pt", "best_resume.pt"]
 
 
 def centre_of_mass(img):
@@ -461,6 +464,7 @@ def test_a_bad_save_path_is_refused_before_any_data_is_loaded(tmp_path, capsys, 
 
 def test_a_bad_tensorboard_folder_or_csv_path_is_refused_and_the_old_checkpoint_kept(
         tiny_mnist, tmp_path, capsys):
+    pytest.importorskip("tensorboard")  # without it, --tensorboard is refused for that reason
     save_path = tmp_path / "best.pt"
     assert train(tiny_mnist, save_path, "--epochs", "1") == 0
     saved = save_path.read_bytes()
@@ -507,3 +511,195 @@ def test_a_csv_that_cannot_be_written_ends_the_run_but_keeps_the_saved_checkpoin
         f"error: could not write {save_path.with_suffix('.csv')}: No space left on device.")
     assert [p.name for p in folder.iterdir()] == ["m.pt"]
     assert common.load_model(save_path)[1]["epoch"] == 1
+
+
+# --resume ---------------------------------------------------------------------------------------
+def interrupt_after_epoch(monkeypatch, epoch):
+    """Make the run stop as Ctrl-C would, right after `epoch` has been saved."""
+    save_state = mnist_train.RunOutputs.save_training_state
+
+    def save_then_interrupt(self, state):
+        save_state(self, state)
+        if state["epoch"] == epoch:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(mnist_train.RunOutputs, "save_training_state", save_then_interrupt)
+
+
+def without_seconds(csv_path):
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in read_csv(csv_path)]
+
+
+@pytest.mark.parametrize("flags", [[], ["--model", "cnn", "--augment"]])
+def test_a_resumed_run_ends_exactly_where_an_uninterrupted_one_does(tiny_mnist, tmp_path,
+                                                                    monkeypatch, capsys, flags):
+    ## On a CPU: the same weights, the same optimizer state, the same random numbers (dropout,
+    ## augmentation), the same shuffles, so the same checkpoint, bit for bit.
+    whole, broken = tmp_path / "whole.pt", tmp_path / "broken.pt"
+    assert train(tiny_mnist, whole, "--epochs", "3", *flags) == 0
+    with monkeypatch.context() as patch:
+        interrupt_after_epoch(patch, 1)
+        assert train(tiny_mnist, broken, "--epochs", "3", *flags) == 130
+    err = capsys.readouterr().err
+    assert f"To go on from the last epoch: python mnist_train.py --save-path {broken} " \
+           "--resume." in err
+    ## --resume takes the run's settings (model, augment, epochs) from its saved state
+    assert mnist_train.main(["--data-dir", str(tiny_mnist), "--save-path", str(broken),
+                             "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert f"resuming {broken}: epochs 2 to 3" in out and "epoch 1/3" not in out
+    assert "an earlier run's files are kept" not in out  # the same run: nothing renamed
+    assert broken.read_bytes() == whole.read_bytes()
+    assert without_seconds(broken.with_suffix(".csv")) == without_seconds(whole.with_suffix(".csv"))
+
+
+def test_a_finished_run_can_be_resumed_for_more_epochs(tiny_mnist, tmp_path, capsys):
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2") == 0
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "3", "--resume") == 0
+    assert [r["epoch"] for r in read_csv(tmp_path / "a.csv")] == ["1", "2", "3"]
+    assert train(tiny_mnist, tmp_path / "b.pt", "--epochs", "3") == 0
+    assert (tmp_path / "a.pt").read_bytes() == (tmp_path / "b.pt").read_bytes()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--epochs", "2"], "--resume: this run has trained 2 of 2 epochs already; pass --epochs "
+                        "with more than 2 to go on"),
+    (["--epochs", "4", "--lr", "0.01"], "--resume: this run was started with --lr 0.001, not "
+                                        "0.01; leave --lr out to go on with it"),
+    (["--epochs", "4", "--dry-run"], "--resume goes on with a real run"),
+])
+def test_resume_refuses_what_would_not_continue_the_same_run(tiny_mnist, tmp_path, capsys,
+                                                             flags, message):
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2") == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        train(tiny_mnist, tmp_path / "a.pt", "--resume", *flags)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def old_format_checkpoint(path):
+    """A checkpoint as this repo saved them before sizes, datasets and --resume existed."""
+    common.set_seed(0)
+    torch.save({"model_name": "mlp", "state_dict": common.build_model("mlp").state_dict(),
+                "mean": 0.1307, "std": 0.3081, "epoch": 3, "val_accuracy": 0.5}, path)
+
+
+def test_an_old_checkpoint_loads_and_resume_says_it_holds_no_training_state(
+        tiny_mnist, tmp_path, capsys):
+    from helpers import digit_picture
+
+    import predict
+
+    old = tmp_path / "old.pt"
+    old_format_checkpoint(old)
+    model, checkpoint = common.load_model(old)
+    assert checkpoint["epoch"] == 3 and isinstance(model, common.MLP)
+    digit_picture(3).save(tmp_path / "three.png")
+    assert predict.main(["--checkpoint", str(old), str(tmp_path / "three.png")]) == 0
+    assert capsys.readouterr().out.startswith(f"{old}: mlp 784-128-64-10, epoch 3, val acc 0.5")
+    with pytest.raises(SystemExit):
+        train(tiny_mnist, old, "--resume", "--epochs", "9")
+    assert (f"--resume: {old} holds no training state (it was saved before --resume existed"
+            in capsys.readouterr().err)
+
+
+# model sizes and another dataset ------------------------------------------------------------------
+def test_hidden_sizes_change_the_model_and_predict_rebuilds_it(tiny_mnist, tmp_path, capsys):
+    from helpers import digit_picture
+
+    import predict
+
+    assert train(tiny_mnist, tmp_path / "wide.pt", "--epochs", "1", "--hidden", "256", "128") == 0
+    assert "mlp with 235,146 parameters" in capsys.readouterr().out  # 784-256-128-10
+    checkpoint = common.load_checkpoint(tmp_path / "wide.pt")
+    assert checkpoint["sizes"] == {"hidden": [256, 128]}
+    digit_picture(5).save(tmp_path / "five.png")
+    assert predict.main(["--checkpoint", str(tmp_path / "wide.pt"),
+                         str(tmp_path / "five.png")]) == 0
+    assert "mlp 784-256-128-10" in capsys.readouterr().out
+    assert train(tiny_mnist, tmp_path / "cnn.pt", "--epochs", "1", "--model", "cnn",
+                 "--channels", "8", "16", "--hidden", "32") == 0
+    model, _ = common.load_model(tmp_path / "cnn.pt")
+    assert model.conv2.out_channels == 16 and model.fc1.out_features == 32
+    with pytest.raises(SystemExit):
+        train(tiny_mnist, tmp_path / "x.pt", "--model", "cnn", "--hidden", "8", "8")
+    assert "give --hidden one size" in capsys.readouterr().err
+
+
+@pytest.fixture
+def tiny_fashion(tiny_mnist, tmp_path):
+    """A data folder with FashionMNIST/raw/: the tiny digits, standing in for clothes."""
+    import shutil
+
+    shutil.copytree(tiny_mnist / "MNIST", tmp_path / "fdata" / "FashionMNIST")
+    return tmp_path / "fdata"
+
+
+def test_fashion_mnist_is_the_same_loop_with_its_own_data_names_and_normalisation(
+        tiny_fashion, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert mnist_train.main(["--dataset", "fashion-mnist", "--data-dir", str(tiny_fashion),
+                             "--val-size", "200", "--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    path = Path("checkpoints") / "fashion_mnist_mlp.pt"  # never the digit models' file
+    checkpoint = common.load_checkpoint(path)
+    assert checkpoint["dataset"] == "fashion-mnist" and checkpoint["classes"][0] == "T-shirt/top"
+    images, _ = common.load_mnist(tiny_fashion, train=True, dataset="FashionMNIST")
+    assert checkpoint["mean"] == round(images.float().div(255).mean().item(), 4)
+    assert checkpoint["mean"] != common.MNIST_MEAN
+    assert "(rows: true class, columns: predicted class)" in out
+    assert "classes: 0 T-shirt/top, 1 Trouser" in out
+    assert (tmp_path / "checkpoints" / "fashion_mnist_mlp_mistakes.png").exists()
+
+
+def test_fashion_mnist_missing_is_named_with_its_own_folder(tmp_path, capsys, monkeypatch):
+    from torchvision import datasets
+
+    monkeypatch.setattr(datasets.FashionMNIST, "mirrors", ["http://127.0.0.1:9/"])
+    assert mnist_train.main(["--dataset", "fashion-mnist", "--data-dir", str(tmp_path),
+                             "--save-path", str(tmp_path / "f.pt")]) == 1
+    err = capsys.readouterr().err
+    assert f"FashionMNIST is not in {tmp_path / 'FashionMNIST' / 'raw'}/" in err
+
+
+def test_predict_on_a_fashion_checkpoint_says_so_and_names_the_class(tiny_fashion, tmp_path,
+                                                                     capsys):
+    from helpers import digit_picture
+
+    import predict
+
+    path = tmp_path / "f.pt"
+    assert mnist_train.main(["--dataset", "fashion-mnist", "--data-dir", str(tiny_fashion),
+                             "--val-size", "200", "--epochs", "1", "--save-path", str(path)]) == 0
+    capsys.readouterr()
+    digit_picture(1).save(tmp_path / "shirt.png")
+    assert predict.main(["--checkpoint", str(path), str(tmp_path / "shirt.png")]) == 0
+    out, err = capsys.readouterr()
+    assert "the digit clean-up" in err and len(err.strip().splitlines()) == 1
+    name = out.splitlines()[1].split(": ")[1].split(" (")[0]
+    assert name in mnist_train.DATASETS["fashion-mnist"][1]
+
+
+# a run that did not learn ------------------------------------------------------------------------
+def test_a_run_that_stayed_at_chance_ends_with_the_checks_to_make(tmp_path, capsys):
+    from conftest import make_tiny_mnist, write_idx
+
+    data = make_tiny_mnist(tmp_path / "noise", n_train=1300, n_test=100)
+    raw = data / "MNIST" / "raw"
+    ## Labels that have nothing to do with the pictures: nothing can be learned.
+    write_idx(raw / "train-labels-idx1-ubyte",
+              torch.randint(0, 10, (1300,), generator=torch.Generator().manual_seed(0)))
+    assert train(data, tmp_path / "n.pt", "--epochs", "1") == 0  # 1100 training images
+    out = capsys.readouterr().out
+    warning = [line for line in out.splitlines() if line.startswith("warning: the best")]
+    assert len(warning) == 1 and "barely above chance (0.10 for 10 classes)" in warning[0]
+    assert "--lr" in warning[0] and "--subset 100" in warning[0] and "labels" in warning[0]
+    ## a dry run, or a run on fewer than 1,000 images, is too short to tell
+    assert train(data, tmp_path / "d.pt", "--dry-run") == 0
+    assert train(data, tmp_path / "s.pt", "--epochs", "1", "--subset", "500") == 0
+    assert "warning: the best" not in capsys.readouterr().out
+
+
+def test_a_run_that_learned_gets_no_such_warning(tiny_mnist, tmp_path, capsys):
+    assert train(tiny_mnist, tmp_path / "m.pt", "--epochs", "3") == 0
+    assert "did not learn" not in capsys.readouterr().out
