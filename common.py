@@ -26,7 +26,9 @@ import os
 import random
 import secrets
 import stat
+import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -83,6 +85,24 @@ def get_device(name: str = "auto") -> torch.device:
         raise ValueError(f"device {name!r} does not exist: this machine has "
                          f"{torch.accelerator.device_count()} {device.type} device(s)")
     return device
+
+
+def missing_gpu_note() -> str | None:
+    """A note for when no accelerator is usable although an NVIDIA driver is installed."""
+    ## The tool that comes with the driver is looked up, never run: running it takes seconds.
+    import shutil
+
+    if shutil.which("nvidia-smi") is None:
+        return None
+    if torch.version.cuda is None:
+        return ("note: an NVIDIA driver is installed (nvidia-smi), but this PyTorch "
+                f"({torch.__version__}) is a CPU-only build, so this runs on the CPU. For the "
+                "GPU, install PyTorch's CUDA build: the command for your system is on "
+                "https://pytorch.org/get-started/locally/ (on Windows, pip's default is CPU-only)")
+    return (f"note: an NVIDIA driver is installed (nvidia-smi) and this PyTorch is built for CUDA "
+            f"{torch.version.cuda}, but it finds no usable GPU, so this runs on the CPU. Run "
+            "nvidia-smi: if it fails, reinstall the driver; if it works, the driver may be too "
+            f"old for CUDA {torch.version.cuda}, or CUDA_VISIBLE_DEVICES hides the GPU")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -631,12 +651,31 @@ def write_atomically(path: str | Path, data: bytes) -> None:
         ## long run: os.replace over /dev/null would turn the device into a regular file.
         if problem := output_file_problem(real):
             raise OutputError(f"{path} {problem}")
-        os.replace(tmp, real)
+        replace_retrying(tmp, real)
+    except PermissionError as err:
+        raise OutputError(f"could not write {path}: {err.strerror or err}. On Windows this "
+                          "means another program holds the file open (a spreadsheet, "
+                          "predict.py, a virus scanner): close it and run again. The previous "
+                          "version of that file, if there was one, is unchanged.") from err
     except OSError as err:
         raise OutputError(f"could not write {path}: {err.strerror or err}. The previous version "
                           "of that file, if there was one, is unchanged.") from err
     finally:
         tmp.unlink(missing_ok=True)  # gone already after a successful os.replace
+
+
+def replace_retrying(source: Path, target: Path, tries: int = 5) -> None:
+    """os.replace, tried again for a moment while another program holds the target."""
+    ## On Windows a file that another program has open cannot be replaced (PermissionError).
+    ## Virus scanners and search indexers open new files for a moment only: wait and retry.
+    for attempt in range(1, tries + 1):
+        try:
+            os.replace(source, target)
+            return
+        except PermissionError:
+            if attempt == tries:
+                raise
+            time.sleep(0.1 * attempt)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -655,11 +694,25 @@ def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
         return 0, 1, device
     import torch.distributed as dist
 
+    if device.type == "mps":  ## gloo, the only backend on a Mac, cannot send MPS tensors
+        raise ValueError("torchrun cannot use Apple's GPU (mps): PyTorch's only backend there, "
+                         "gloo, handles CPU tensors only. Add --device cpu to train in several "
+                         "processes on the CPU, or run without torchrun to use the GPU")
     if device.type == "cuda":  # one GPU per process: rank k on this node uses GPU k
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        local_rank, count = int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()
+        if local_rank >= count:
+            raise ValueError(f"this process is local rank {local_rank}, but this machine has "
+                             f"{count} GPU(s): give torchrun --nproc_per_node={count} (at most "
+                             "one process per GPU), or --device cpu")
+        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     ## NCCL moves tensors GPU-to-GPU; gloo works on CPU tensors, for CPU training and tests.
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    ## Windows has no NCCL, and its PyTorch is built without libuv, which gloo's rendezvous
+    ## otherwise asks for (pytorch/pytorch#139990): USE_LIBUV=0 turns that off.
+    if sys.platform == "win32":
+        os.environ.setdefault("USE_LIBUV", "0")
+    backend = "nccl" if device.type == "cuda" and sys.platform != "win32" else "gloo"
+    dist.init_process_group(backend)
     return dist.get_rank(), dist.get_world_size(), device
 
 
@@ -678,7 +731,10 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
 
     if not dist.is_initialized():
         return values
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    ## float64 keeps sums of many numbers exact enough; MPS has no float64 (torchrun refuses
+    ## MPS anyway, but a copied function should not fail there).
+    dtype = torch.float32 if device.type == "mps" else torch.float64
+    tensor = torch.tensor(values, dtype=dtype, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor.tolist()
 

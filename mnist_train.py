@@ -37,6 +37,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,6 +58,8 @@ def train(args: argparse.Namespace, outputs: RunOutputs) -> None:
     save_path, csv_path = outputs.checkpoint, outputs.csv  # checkpoints/mnist_mlp.pt and .csv
     if main_process:
         check_outputs(outputs, args.tensorboard)  # before any work
+    if args.compile and (problem := compile_problem(device)):
+        raise UsageError(f"--compile: {problem}; leave --compile out to train without it")
 
     # 1. data ----------------------------------------------------------------------------------
     ## 60,000 training digits, of which --val-size are held out to pick the best epoch, and
@@ -169,7 +172,14 @@ DATASETS = {
 
 def setup_system(args: argparse.Namespace) -> tuple[int, int, torch.device]:
     """Join torchrun's processes (if any), seed, and set deterministic mode and TF32."""
-    rank, world, device = common.init_distributed(args.device)  # (0, 1, device) without torchrun
+    device = common.get_device(args.device)  # "auto": the accelerator if there is one
+    if args.device == "auto" and device.type == "cpu" and (note := common.missing_gpu_note()):
+        if common.is_main_process():
+            print(note)
+    try:
+        rank, world, device = common.init_distributed(device)  # (0, 1, device) without torchrun
+    except ValueError as err:  # a machine that cannot run this under torchrun
+        raise UsageError(str(err)) from None
     ## Seeds weight initialisation and dropout; the loaders shuffle with their own generators,
     ## seeded from --seed too. Under torchrun, DDP copies rank 0's weights to the other ranks.
     common.set_seed(args.seed + rank)
@@ -197,9 +207,25 @@ def amp_dtype_for(choice: str | None, device: torch.device) -> torch.dtype | Non
     if choice is None:
         return None
     if choice == "auto":
-        fp16_only = device.type == "cuda" and not torch.cuda.is_bf16_supported()
-        choice = "fp16" if fp16_only else "bf16"
+        choice = "bf16" if native_bf16(device) else "fp16"
+    if choice == "fp16" and device.type == "mps":  # float16 needs a GradScaler (step 4)
+        raise UsageError("--amp fp16 on mps: float16 training needs a GradScaler, which "
+                         "PyTorch's MPS backend does not support reliably; use --amp bf16 "
+                         "(macOS 14 or later)")
     return {"bf16": torch.bfloat16, "fp16": torch.float16}[choice]
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` computes in bfloat16 in hardware, rather than emulating it."""
+    if device.type != "cuda":
+        return True  # CPUs with AVX-512 BF16 or AMX, Apple GPUs, Intel XPUs; others convert
+    if torch.version.hip:  # AMD GPUs: ask ROCm about the GPU in question
+        with torch.cuda.device(device):
+            return torch.cuda.is_bf16_supported()
+    ## Not torch.cuda.is_bf16_supported(): it also says True where bfloat16 is only emulated
+    ## (T4, V100, RTX 20xx: slower than float32, and no bfloat16 convolutions in cuDNN), and
+    ## it asks about the current GPU, not about `device`. Native bfloat16 came with Ampere.
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def normalisation(dataset: str, images: torch.Tensor) -> tuple[float, float]:
@@ -528,8 +554,13 @@ def augment(images: torch.Tensor) -> torch.Tensor:
     theta = torch.stack([torch.stack([cos, -sin, shift_x], 1),
                          torch.stack([sin, cos, shift_y], 1)], 1)  # n x 2 x 3 affine matrices
     grid = F.affine_grid(theta, list(images.shape), align_corners=False)
-    ## "border" repeats the edge pixels, which are background, so no dark frame appears.
-    out = F.grid_sample(images, grid, padding_mode="border", align_corners=False)
+    ## "border" repeats the edge pixels, which are background, so no dark frame appears. Apple's
+    ## GPUs lack it (pytorch/pytorch#125098): there, keep the grid on the edge pixels' centres.
+    if device.type == "mps":
+        edge = torch.tensor([1 - 1 / images.shape[3], 1 - 1 / images.shape[2]], device=device)
+        grid = torch.maximum(torch.minimum(grid, edge), -edge)
+    out = F.grid_sample(images, grid, padding_mode="border" if device.type != "mps" else "zeros",
+                        align_corners=False)
     ## Stroke width: max-pooling spreads ink to neighbours (thicker), min-pooling removes edge
     ## pixels (thinner). A third of the batch gets each; mixing with the original keeps it mild.
     thicker = F.max_pool2d(out, 3, stride=1, padding=1)
@@ -604,6 +635,22 @@ def prepare_for_training(model: nn.Module, compile: bool, world: int,
         model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
+def compile_problem(device: torch.device) -> str | None:
+    """Why torch.compile cannot work here, found before any work, or None."""
+    import importlib.util
+    import shutil
+
+    ## torch.compile turns the model into new code that it then compiles: C++ on the CPU,
+    ## Triton kernels on NVIDIA GPUs. Without a compiler it fails at the first forward pass.
+    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+        return ("it needs Triton for NVIDIA GPUs, which is not installed (PyTorch's Windows "
+                "wheels do not include it)")
+    if device.type == "cpu" and sys.platform == "win32" and shutil.which("cl") is None:
+        return ("on Windows it needs Microsoft's C++ compiler (cl.exe, from Visual Studio's "
+                "Build Tools); run from an 'x64 Native Tools Command Prompt' that has it")
+    return None
+
+
 def open_tensorboard(log_dir: str | None):
     """A TensorBoard SummaryWriter for log_dir, or, without one, a context that yields None."""
     if log_dir is None:
@@ -629,9 +676,12 @@ def reduce_metrics(train_loss: float, val_loss: float, val_acc: float, val_count
 @contextlib.contextmanager
 def interrupts_deferred():
     """Hold back Ctrl-C and SIGTERM until the block has finished, then raise KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread receives signals: there is nothing to hold back
+        return
     received = []
     previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+                for sig in (signal.SIGINT, signal.SIGTERM, *STOP_SIGNALS)}
     try:
         yield
     finally:
@@ -844,12 +894,16 @@ def whole_number(text: str) -> int:
     return int(text)
 
 
-def device_type(name: str) -> torch.device:
-    """argparse type: a device that exists here (see common.get_device)."""
+def device_type(name: str) -> str:
+    """argparse type: the name of a device that exists here (see common.get_device)."""
     try:
-        return common.get_device(name)
+        common.get_device(name)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+    return name
+
+
+STOP_SIGNALS = (signal.SIGBREAK,) if hasattr(signal, "SIGBREAK") else ()  # Windows: Ctrl-Break
 
 
 class UsageError(Exception):
@@ -864,13 +918,21 @@ def sigterm_as_ctrl_c():
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    previous = (signal.signal(signal.SIGINT, signal.default_int_handler),
-                signal.signal(signal.SIGTERM, interrupt))
+    ## On Windows, Ctrl-Break (or CTRL_BREAK_EVENT, the signal one program can send another
+    ## there) arrives as SIGBREAK, which otherwise ends Python without cleaning up.
+    if threading.current_thread() is not threading.main_thread():
+        ## Only the main thread may set signal handlers; called from another one (a GUI's, a
+        ## web app's), Ctrl-C is the host program's to handle.
+        yield
+        return
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler)}
+    previous.update({sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM,
+                                                                    *STOP_SIGNALS)})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous[0])
-        signal.signal(signal.SIGTERM, previous[1])
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ import argparse
 import glob
 import io
 import json
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -286,6 +287,8 @@ def save_input(path: Path, digit: torch.Tensor) -> None:
 
 
 if __name__ == "__main__":
+    if hasattr(signal, "SIGBREAK"):  # Windows: Ctrl-Break (and CTRL_BREAK_EVENT) as Ctrl-C
+        signal.signal(signal.SIGBREAK, signal.default_int_handler)
     try:
         sys.exit(main())
     except KeyboardInterrupt:  # Ctrl-C: one line, and the exit code a shell expects

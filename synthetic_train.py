@@ -20,6 +20,7 @@ MNIST script, is on here by default.
 
 import argparse
 import math
+import signal
 import sys
 
 import torch
@@ -155,6 +156,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if hasattr(signal, "SIGBREAK"):  # Windows: Ctrl-Break (and CTRL_BREAK_EVENT) as Ctrl-C
+        signal.signal(signal.SIGBREAK, signal.default_int_handler)
     try:
         main()
     except FloatingPointError as err:  # the loss became NaN or inf: say so in one line

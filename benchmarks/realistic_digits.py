@@ -383,10 +383,16 @@ def speed(args) -> None:
                                  args.checkpoint, str(huge)], stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True)
         out = proc.stdout.read().strip()
-        _, _, usage = os.wait4(proc.pid, 0)
+        if hasattr(os, "wait4"):  # Linux, macOS: this child's own peak memory
+            _, _, usage = os.wait4(proc.pid, 0)
+            ## ru_maxrss is in kilobytes on Linux, in bytes on macOS (`man getrusage`).
+            peak = usage.ru_maxrss / (1024 * 1024 if sys.platform == "darwin" else 1024)
+            memory = f"peak memory {peak:.0f} MiB"
+        else:  # Windows has no wait4
+            proc.wait()
+            memory = "peak memory not measured on this system"
         print(f"10000 x 10000 RGB PNG of a 3 (100 MP): predict.py says '{out.split(': ')[-1]}' "
-              f"in {time.perf_counter() - start:.1f} s, peak memory "
-              f"{usage.ru_maxrss / 1024:.0f} MiB")
+              f"in {time.perf_counter() - start:.1f} s, {memory}")
 
 
 def figure(args) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import posix_only
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -567,6 +568,7 @@ def test_a_damaged_gz_file_is_named(tmp_path, no_network):
         common.load_mnist(tmp_path, train=True)
 
 
+@posix_only
 @pytest.mark.parametrize("kind", ["fifo", "link to a fifo", "directory"])
 def test_saving_never_replaces_anything_but_a_regular_file(tmp_path, kind):
     ## A FIFO stands in for /dev/null: os.replace would turn either into a regular file.
@@ -624,7 +626,39 @@ def test_output_checks_create_the_folder_and_name_what_is_wrong(tmp_path):
     assert common.check_output_dir(tmp_path / "file") == \
         f"{tmp_path / 'file'} exists and is not a folder"
     assert common.check_output_file(tmp_path) == "is a directory; give a file name inside it"
-    if os.geteuid() != 0:  # root may write anywhere: only a non-root run can check this
+    if hasattr(os, "geteuid") and os.geteuid() != 0:  # only a non-root POSIX run can check this
         (tmp_path / "locked").mkdir(mode=0o500)
         assert common.check_output_dir(tmp_path / "locked") == \
             f"cannot write files in {tmp_path / 'locked'}: Permission denied"
+
+
+def test_a_file_another_program_holds_for_a_moment_is_written_after_a_retry(tmp_path,
+                                                                           monkeypatch):
+    ## Windows: os.replace fails with PermissionError while a virus scanner has the file open.
+    real, calls = os.replace, []
+
+    def busy_twice(source, target):
+        calls.append(target)
+        if len(calls) <= 2:
+            raise PermissionError(13, "Access is denied")
+        real(source, target)
+
+    monkeypatch.setattr(common.os, "replace", busy_twice)
+    common.write_atomically(tmp_path / "m.csv", b"epoch\n1\n")
+    assert len(calls) == 3 and (tmp_path / "m.csv").read_bytes() == b"epoch\n1\n"
+
+
+def test_a_file_another_program_keeps_open_is_named_with_what_to_do(tmp_path, monkeypatch):
+    (tmp_path / "m.csv").write_bytes(b"old")
+
+    def always_busy(source, target):
+        raise PermissionError(13, "Access is denied")
+
+    monkeypatch.setattr(common.os, "replace", always_busy)
+    monkeypatch.setattr(common.time, "sleep", lambda seconds: None)
+    with pytest.raises(common.OutputError) as err:
+        common.write_atomically(tmp_path / "m.csv", b"new")
+    assert str(err.value).startswith(f"could not write {tmp_path / 'm.csv'}: Access is denied. "
+                                     "On Windows this means another program holds the file open")
+    assert (tmp_path / "m.csv").read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv"]  # no temporary file left

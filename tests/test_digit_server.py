@@ -3,7 +3,6 @@
 import http.client
 import io
 import json
-import signal
 import socket
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import press_ctrl_c, start
 from PIL import Image
 
 import digit_cleanup
@@ -190,13 +190,13 @@ def test_no_pictures_and_no_serve_is_a_usage_error(capsys):
 
 
 def test_serve_prints_the_address_and_ctrl_c_ends_it_with_one_line(trained_checkpoint):
-    proc = subprocess.Popen([sys.executable, "-u", "predict.py", "--serve", "--port", "0",
+    proc = start([sys.executable, "-u", "predict.py", "--serve", "--port", "0",
                              "--checkpoint", str(trained_checkpoint)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = proc.stdout.readline()
     assert first.startswith("Open http://127.0.0.1:") and first.strip().endswith("Ctrl-C to stop.")
     port = int(first.split(":")[2].split("/")[0])
     assert request(port, "POST", "/predict", drawn(2))[0] == 200
-    proc.send_signal(signal.SIGINT)
+    press_ctrl_c(proc)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and err.strip() == "interrupted: stopped."

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import printed_confusion_matrix, read_csv
+from helpers import posix_only, press_ctrl_c, printed_confusion_matrix, read_csv, start
 from PIL import Image
 
 import common
@@ -27,7 +27,8 @@ def test_trains_end_to_end_and_keeps_the_best_validation_epoch(tiny_mnist, tmp_p
     assert train(tiny_mnist, save_path, "--epochs", "4") == 0
     out = capsys.readouterr().out
     ## the sanity report comes first
-    assert "device cpu | mlp with 109,386 parameters | 600 train / 200 val / 200 test" in out
+    assert (f"device {common.get_device()} | mlp with 109,386 parameters | 600 train / 200 val / "
+            "200 test") in out
     assert "inputs [200, 1, 28, 28] float32" in out and "labels [200] int64 in 0..9" in out
     assert "initial loss 2." in out and "ln(10) = 2.3026" in out
     assert "Epoch 1 | Batch 5/10 | Loss " in out
@@ -326,7 +327,7 @@ def test_a_signal_stops_training_cleanly_and_keeps_the_checkpoint(tiny_mnist, tm
 
     def save_then_signal(*args, **kwargs):
         save(*args, **kwargs)
-        os.kill(os.getpid(), sig)
+        signal.raise_signal(sig)  # to this process, as Ctrl-C or `kill` would (also on Windows)
 
     monkeypatch.setattr(common, "save_checkpoint", save_then_signal)
     previous = signal.getsignal(sig)
@@ -343,14 +344,14 @@ def test_a_signal_stops_training_cleanly_and_keeps_the_checkpoint(tiny_mnist, tm
 def test_ctrl_c_on_the_command_line_exits_130_with_one_line(tiny_mnist, tmp_path):
     ## The same through a real process, as a user at a terminal sees it.
     save_path = tmp_path / "best.pt"
-    proc = subprocess.Popen(  # -u: unbuffered, so each line arrives as soon as it is printed
+    proc = start(  # -u: unbuffered, so each line arrives as soon as it is printed
         [sys.executable, "-u", "mnist_train.py", "--data-dir", str(tiny_mnist), "--val-size",
          "200", "--epochs", "100000", "--save-path", str(save_path)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:  # wait until the first checkpoint has been saved, then interrupt
         if "saved best" in line:
             break
-    proc.send_signal(signal.SIGINT)
+    press_ctrl_c(proc)
     ## A healthy machine exits in about a second; the generous limit only catches a hang or a
     ## swallowed signal, even on a heavily loaded machine.
     try:
@@ -438,12 +439,15 @@ def make_fifo(path):
 
 
 @pytest.mark.parametrize("target, message", [
-    (lambda d: make_fifo(d / "fifo"), "is a FIFO (named pipe), not a regular file, and will not "
-     "be replaced. To keep nothing, save into a temporary folder"),
-    (lambda d: (d / "link").symlink_to(make_fifo(d / "fifo")) or d / "link", "is a FIFO"),
+    pytest.param(lambda d: make_fifo(d / "fifo"), "is a FIFO (named pipe), not a regular file, "
+                 "and will not be replaced. To keep nothing, save into a temporary folder",
+                 marks=posix_only),
+    pytest.param(lambda d: (d / "link").symlink_to(make_fifo(d / "fifo")) or d / "link",
+                 "is a FIFO", marks=posix_only),
     (lambda d: d, "is a directory; give a file name inside it"),
     (lambda d: (d / "file").write_text("x") and d / "file" / "m.pt", "exists and is not a folder"),
-    (lambda d: Path("/proc/no/such/folder/m.pt"), "cannot create the folder /proc/no"),
+    pytest.param(lambda d: Path("/proc/no/such/folder/m.pt"), "cannot create the folder /proc/no",
+                 marks=posix_only),
     (lambda d: d / "m.csv", "give the checkpoint another suffix"),
 ])
 def test_a_bad_save_path_is_refused_before_any_data_is_loaded(tmp_path, capsys, no_network,
@@ -473,7 +477,7 @@ def test_a_bad_tensorboard_folder_or_csv_path_is_refused_and_the_old_checkpoint_
         train(tiny_mnist, save_path, "--tensorboard", str(tmp_path / "file" / "tb"))
     assert exit_.value.code == 2
     assert f"--tensorboard {tmp_path / 'file' / 'tb'}: cannot create the folder " \
-           f"{tmp_path / 'file' / 'tb'}: Not a directory" in capsys.readouterr().err
+           f"{tmp_path / 'file' / 'tb'}: " in capsys.readouterr().err  # Not a directory
     save_path.with_suffix(".csv").unlink()
     save_path.with_suffix(".csv").mkdir()
     with pytest.raises(SystemExit):
@@ -703,3 +707,139 @@ def test_a_run_that_stayed_at_chance_ends_with_the_checks_to_make(tmp_path, caps
 def test_a_run_that_learned_gets_no_such_warning(tiny_mnist, tmp_path, capsys):
     assert train(tiny_mnist, tmp_path / "m.pt", "--epochs", "3") == 0
     assert "did not learn" not in capsys.readouterr().out
+
+
+# platforms this machine is not: emulated ------------------------------------------------------
+@pytest.mark.parametrize("capability, expected", [((7, 5), torch.float16),
+                                                  ((8, 0), torch.bfloat16)])
+def test_amp_auto_picks_float16_on_gpus_that_only_emulate_bfloat16(monkeypatch, capability,
+                                                                   expected):
+    ## A T4 (7.5) answers True to torch.cuda.is_bf16_supported(), which counts emulation.
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda device=None: asked.append(device) or capability)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert mnist_train.amp_dtype_for("auto", torch.device("cuda", 1)) == expected
+    assert asked == [torch.device("cuda", 1)]  # the GPU that trains, not cuda:0
+
+
+def test_amp_fp16_on_a_mac_gpu_is_refused_with_the_alternative():
+    with pytest.raises(mnist_train.UsageError, match="use --amp bf16"):
+        mnist_train.amp_dtype_for("fp16", torch.device("mps"))
+    assert mnist_train.amp_dtype_for("auto", torch.device("mps")) == torch.bfloat16
+
+
+def under_torchrun(monkeypatch, local_rank=0):
+    for name, value in {"WORLD_SIZE": "2", "RANK": str(local_rank),
+                        "LOCAL_RANK": str(local_rank)}.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_torchrun_on_a_mac_gpu_is_refused_before_any_work(monkeypatch, tmp_path, capsys,
+                                                          no_network):
+    ## torch.accelerator describes an Apple Silicon Mac: `--device auto` picks mps.
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("mps"))
+    under_torchrun(monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        train(tmp_path / "no_data", tmp_path / "m.pt")
+    assert exit_.value.code == 2
+    assert "torchrun cannot use Apple's GPU (mps)" in capsys.readouterr().err
+
+
+def test_more_processes_than_gpus_is_refused_with_the_number_to_use(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    under_torchrun(monkeypatch, local_rank=1)
+    with pytest.raises(ValueError, match="this machine has 1 GPU.*--nproc_per_node=1"):
+        common.init_distributed(torch.device("cuda"))
+
+
+def test_windows_trains_on_gpus_with_gloo_and_without_libuv(monkeypatch):
+    import torch.distributed as dist
+
+    chosen = []
+    monkeypatch.setattr(common.sys, "platform", "win32")
+    monkeypatch.delenv("USE_LIBUV", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend: chosen.append(backend))
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    under_torchrun(monkeypatch)
+    assert common.init_distributed(torch.device("cuda"))[2] == torch.device("cuda", 0)
+    assert chosen == ["gloo"] and os.environ["USE_LIBUV"] == "0"  # NCCL does not exist there
+
+
+def test_compile_without_a_compiler_is_refused_before_any_work(monkeypatch, tmp_path, capsys,
+                                                               no_network):
+    import shutil
+
+    monkeypatch.setattr(mnist_train.sys, "platform", "win32")
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # no cl.exe on PATH
+    with pytest.raises(SystemExit) as exit_:
+        train(tmp_path / "no_data", tmp_path / "m.pt", "--compile", "--device", "cpu")
+    assert exit_.value.code == 2
+    assert "--compile: on Windows it needs Microsoft's C++ compiler" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cuda, says", [(None, "is a CPU-only build"),
+                                        ("12.6", "is built for CUDA 12.6, but it finds no")])
+def test_a_gpu_that_pytorch_cannot_use_gets_one_note(tiny_mnist, tmp_path, monkeypatch, capsys,
+                                                     cuda, says):
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/nvidia-smi"
+                        if name == "nvidia-smi" else None)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    assert train(tiny_mnist, tmp_path / "m.pt", "--dry-run") == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and says in notes[0] and "nvidia-smi" in notes[0]
+    assert train(tiny_mnist, tmp_path / "m.pt", "--dry-run", "--device", "cpu") == 0
+    assert "note:" not in capsys.readouterr().out  # asked for the CPU: nothing to say
+
+
+def test_dataloader_workers_start_under_spawn_as_on_windows_and_macos(tiny_mnist, tmp_path):
+    ## Windows and macOS start workers with "spawn": everything sent to them must pickle.
+    code = f"""
+import torch.multiprocessing as mp
+mp.set_start_method("spawn", force=True)
+import mnist_train
+print(mnist_train.main(["--data-dir", {str(tiny_mnist)!r}, "--val-size", "200", "--dry-run",
+                        "--loader", "dataloader", "--num-workers", "2", "--augment",
+                        "--save-path", {str(tmp_path / "m.pt")!r}]))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.stdout.splitlines()[-1] == "0", proc.stderr[-2000:]
+
+
+def test_main_runs_from_a_thread_other_than_the_main_one(tiny_mnist, tmp_path):
+    ## A GUI or web app calling mnist_train.main([...]) off the main thread, where Python
+    ## allows no signal handlers.
+    import threading
+
+    codes = []
+    thread = threading.Thread(target=lambda: codes.append(
+        train(tiny_mnist, tmp_path / "m.pt", "--dry-run")))
+    thread.start()
+    thread.join(timeout=300)
+    assert codes == [0]
+
+
+@posix_only
+def test_a_platform_stop_signal_ends_the_run_like_ctrl_c(tiny_mnist, tmp_path, monkeypatch,
+                                                         capsys):
+    ## Windows' SIGBREAK (Ctrl-Break), emulated with SIGUSR1 on this system.
+    monkeypatch.setattr(mnist_train, "STOP_SIGNALS", (signal.SIGUSR1,))
+    save = common.save_checkpoint
+
+    def save_then_signal(*args, **kwargs):
+        save(*args, **kwargs)
+        signal.raise_signal(signal.SIGUSR1)
+
+    monkeypatch.setattr(common, "save_checkpoint", save_then_signal)
+    assert train(tiny_mnist, tmp_path / "m.pt", "--epochs", "100000") == 130
+    assert capsys.readouterr().err.strip().startswith("interrupted: stopped.")
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import digit_picture
+from helpers import digit_picture, press_ctrl_c, start
 from PIL import Image
 
 import digit_cleanup
@@ -152,18 +152,17 @@ def test_a_bad_save_input_folder_is_refused_before_any_picture(trained_checkpoin
 
 
 def test_ctrl_c_ends_a_batch_with_one_line_and_exit_code_130(trained_checkpoint, tmp_path):
-    import signal
     import subprocess
 
     digit_picture(4, size=(1500, 1200), centre=(700, 600), font_size=600).save(tmp_path / "a.png")
     paths = [str(tmp_path / "a.png")] * 500  # minutes of work: it is interrupted long before
-    proc = subprocess.Popen([sys.executable, "-u", "predict.py", "--checkpoint",
+    proc = start([sys.executable, "-u", "predict.py", "--checkpoint",
                              str(trained_checkpoint), *paths],
                             cwd=Path(__file__).resolve().parent.parent,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().startswith(f"{trained_checkpoint}: mlp")  # the model
     assert proc.stdout.readline().startswith(paths[0])  # started: the first one is classified
-    proc.send_signal(signal.SIGINT)
+    press_ctrl_c(proc)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130 and err.strip() == "interrupted: stopped."
 

@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from helpers import press_ctrl_c, start
 from torch import nn
 
 import synthetic_train
@@ -60,16 +61,15 @@ def test_a_diverging_run_ends_with_one_line_and_exit_code_1():
 
 
 def test_ctrl_c_ends_the_run_with_one_line_and_exit_code_130():
-    import signal
     import subprocess
     import sys
     from pathlib import Path
 
-    proc = subprocess.Popen([sys.executable, "-u", "synthetic_train.py", "--epochs", "100000",
+    proc = start([sys.executable, "-u", "synthetic_train.py", "--epochs", "100000",
                              "--samples", "256"], cwd=Path(__file__).resolve().parent.parent,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().startswith("256 train / 64 val samples")
     proc.stdout.readline()  # the first epoch has run: interrupt the second
-    proc.send_signal(signal.SIGINT)
+    press_ctrl_c(proc)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130 and err.strip() == "interrupted: stopped."
