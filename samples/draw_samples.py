@@ -9,8 +9,10 @@ so what they check does not depend on any one font or on MNIST itself.
 """
 
 import math
+import random
+from pathlib import Path
 
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFilter
 
 
 def arc(cx: float, cy: float, rx: float, ry: float, start: float, end: float,
@@ -53,3 +55,49 @@ def draw_digit(digit: int, size: tuple[int, int] = (300, 300), height: float = 2
             points.append((cx + dx * cos - dy * sin, cy + dx * sin + dy * cos))
         draw.line(points, fill=ink, width=width, joint="curve")
     return img
+
+
+def paper(size: tuple[int, int], colour: tuple[int, int, int], rng: random.Random,
+          light: float = 0.25) -> Image.Image:
+    """Paper of one colour, lit unevenly: each corner a little brighter or darker."""
+    corners = Image.new("L", (2, 2))
+    corners.putdata([round(255 * (1 - light * rng.random())) for _ in range(4)])
+    shade = corners.resize(size, Image.BILINEAR)  # smooth from corner to corner
+    return Image.merge("RGB", [Image.eval(shade, lambda v, c=c: v * c // 255) for c in colour])
+
+
+def samples() -> dict[str, Image.Image]:
+    """The sample pictures, by file name: each a digit the way people send them."""
+    rng = random.Random(7)  # the same pictures every time
+    out = {}
+    ## A drawing in a paint program or on predict.py's page: a black marker on white.
+    out["drawing_7.png"] = draw_digit(7, size=(280, 280), height=190, width=18, slant=0.1)
+    ## A phone photo: blue ballpoint on cream paper, lit unevenly, a little tilted and soft.
+    photo = paper((480, 360), (235, 228, 205), rng)
+    ink = draw_digit(3, size=(480, 360), height=210, width=9, angle=-6, slant=0.15,
+                     centre=(270, 170))
+    photo.paste((30, 40, 120), mask=Image.eval(ink, lambda v: 255 - v))  # where the pen went
+    out["photo_3.jpg"] = photo.filter(ImageFilter.GaussianBlur(1.2))
+    ## Pencil on ruled paper: grey strokes, blue lines running through the digit.
+    ruled = paper((400, 300), (246, 246, 240), rng, light=0.1)
+    draw = ImageDraw.Draw(ruled)
+    for y in range(22, 300, 34):
+        draw.line([(0, y), (400, y)], fill=(150, 185, 225), width=2)
+    ink = draw_digit(5, size=(400, 300), height=150, width=6, angle=4, centre=(190, 150))
+    ruled.paste((95, 95, 100), mask=Image.eval(ink, lambda v: 255 - v))
+    out["ruled_5.jpg"] = ruled.filter(ImageFilter.GaussianBlur(0.7))
+    ## Chalk on a blackboard: light strokes on dark, the other way round from paper.
+    out["chalk_2.png"] = draw_digit(2, size=(300, 240), height=160, width=12, ink=225, paper=40,
+                                    angle=3)
+    return out
+
+
+def main() -> None:
+    folder = Path(__file__).resolve().parent
+    for name, img in samples().items():
+        img.save(folder / name, quality=85, optimize=True)
+        print(f"wrote {folder / name} ({(folder / name).stat().st_size // 1024} kB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -568,3 +568,18 @@ def test_components_finds_exactly_the_regions_a_flood_fill_finds():
                  for k in range(1, int(labels.max()) + 1)}
         assert found == flood_fill_regions(mask)
         assert set(labels.unique().tolist()) <= set(range(len(found) + 1))
+
+
+def test_the_sample_pictures_are_what_their_script_draws_and_each_holds_one_digit():
+    from samples import draw_samples
+
+    folder = Path(draw_samples.__file__).parent
+    drawn = draw_samples.samples()
+    assert sorted(drawn) == sorted(p.name for p in folder.iterdir()
+                                   if p.suffix in (".png", ".jpg"))
+    for name, img in drawn.items():
+        shipped = Image.open(folder / name).convert("RGB")
+        difference = (to_gray(shipped) - to_gray(img.convert("RGB"))).abs().mean()
+        assert difference < 0.01, name  # JPEG may round differently from version to version
+        digit, warning = digit_cleanup.preprocess(digit_cleanup.load_gray(folder / name))
+        assert warning is None, name

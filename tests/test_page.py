@@ -20,9 +20,9 @@ pytest.importorskip("playwright.sync_api", reason="the browser test needs Playwr
                     "pip install playwright (the browser itself comes from the system)")
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-CHROMIUM = os.environ.get("CHROMIUM") or next(
-    (path for name in ("chromium", "chromium-browser", "google-chrome")
-     if (path := shutil.which(name))), None)
+CHROMIUM = next((path for path in [os.environ.get("CHROMIUM"), *map(
+    shutil.which, ("chromium", "chromium-browser", "google-chrome"))]
+                 if path and os.path.exists(path)), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium found: apt-get install "
                                 "chromium, or set CHROMIUM to a Chromium or Chrome binary")
 
