@@ -201,7 +201,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
             ## 6. Update the weights. In another order (step before backward, zero in between) no
             ##    error is raised: the model just never learns. That is why the order matters.
             optimizer.step()
-        else:  ## float16: steps 4-6 go through a GradScaler, as float16's range is narrow
+        else:  # float16: steps 4-6 go through a GradScaler, as float16's range is narrow
             scaler.scale(loss).backward()  # loss x a big factor: small gradients stay above 0
             if clip_grad is not None:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
@@ -320,7 +320,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     needed = ("model_name", "state_dict", "mean", "std")
     if not isinstance(checkpoint, dict) or not all(k in checkpoint for k in needed):
         values = checkpoint.values() if isinstance(checkpoint, dict) else [None]
-        if all(isinstance(v, torch.Tensor) for v in values):
+        if values and all(isinstance(v, torch.Tensor) for v in values):
             raise CheckpointError(f"{path} holds a bare state_dict. This repo's checkpoints also "
                                   "record the model name and normalisation: save with "
                                   "common.save_checkpoint (mnist_train.py does)")
@@ -636,7 +636,8 @@ def write_atomically(path: str | Path, data: bytes) -> None:
     """Replace the regular file `path` by `data`, all or nothing; raise OutputError on failure."""
     ## Write a temporary file in the target's own folder, flush it to disk, then rename it over
     ## the target. os.replace is atomic: a crash, Ctrl-C or full disk at any moment leaves the
-    ## old file or the new one, never half of one, and the temporary file is always removed.
+    ## old file or the new one, never half of one. The temporary file is removed, except after
+    ## a kill that gives Python no chance (kill -9, power loss): then a .tmp file may remain.
     real = Path(os.path.realpath(path))  # through a symlink: replace the file it points to
     ## The name is chosen before the file exists, so that the `finally` below can remove it
     ## whenever an interruption comes, even in the middle of creating it.
@@ -653,9 +654,10 @@ def write_atomically(path: str | Path, data: bytes) -> None:
             raise OutputError(f"{path} {problem}")
         replace_retrying(tmp, real)
     except PermissionError as err:
-        raise OutputError(f"could not write {path}: {err.strerror or err}. On Windows this "
-                          "means another program holds the file open (a spreadsheet, "
-                          "predict.py, a virus scanner): close it and run again. The previous "
+        held = (" On Windows this means another program holds the file open (a spreadsheet, "
+                "predict.py, a virus scanner): close it and run again."
+                if sys.platform == "win32" else "")
+        raise OutputError(f"could not write {path}: {err.strerror or err}.{held} The previous "
                           "version of that file, if there was one, is unchanged.") from err
     except OSError as err:
         raise OutputError(f"could not write {path}: {err.strerror or err}. The previous version "
@@ -694,12 +696,12 @@ def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
         return 0, 1, device
     import torch.distributed as dist
 
-    if device.type == "mps":  ## gloo, the only backend on a Mac, cannot send MPS tensors
+    if device.type == "mps":  # gloo, the only backend on a Mac, cannot send MPS tensors
         raise ValueError("torchrun cannot use Apple's GPU (mps): PyTorch's only backend there, "
                          "gloo, handles CPU tensors only. Add --device cpu to train in several "
                          "processes on the CPU, or run without torchrun to use the GPU")
     if device.type == "cuda":  # one GPU per process: rank k on this node uses GPU k
-        local_rank, count = int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()
+        local_rank, count = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
         if local_rank >= count:
             raise ValueError(f"this process is local rank {local_rank}, but this machine has "
                              f"{count} GPU(s): give torchrun --nproc_per_node={count} (at most "

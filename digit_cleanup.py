@@ -27,7 +27,9 @@ import torch.nn.functional as F
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 ## The settings of the clean-up, in one place.
-Image.MAX_IMAGE_PIXELS = 120_000_000  # above this, refuse: a "decompression bomb" would eat RAM
+## Pillow refuses pictures above this size as "decompression bombs" (small files that would
+## decode to gigabytes); its own default is 89 MP, raised here for big phone and scanner files.
+Image.MAX_IMAGE_PIXELS = 120_000_000
 MAX_PIXELS = 25_000_000  # bigger pictures are reduced to this as they are read (memory)
 OVERVIEW = 640  # the digit is looked for on a copy at most this many pixels across...
 DIGIT_BOX = 80  # ...then cut out and scaled so its long side is this: MNIST's 20-px box, 4x
@@ -64,11 +66,13 @@ def one_thread(function):
 
 
 # reading a picture ---------------------------------------------------------------------------
-def load_gray(path: Path | BinaryIO) -> torch.Tensor:
+def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
     """Read any picture as a float tensor H x W in 0..1 (0 = black), upright, alpha on white.
 
     `path` is a file's path, or a file object holding its bytes (io.BytesIO(data)).
     """
+    if isinstance(path, str):
+        path = Path(path)
     if isinstance(path, Path):
         if not path.exists():
             raise ImageProblem("no such file")

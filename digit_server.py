@@ -12,7 +12,8 @@ JSON. Built on the standard library's http.server, so it needs nothing to instal
 The server is a door into your machine, so it opens little: it listens on 127.0.0.1 unless
 told otherwise, serves the page and nothing else from disk, answers only requests addressed to
 it by name (no DNS rebinding), refuses bodies over MAX_BODY before reading them, and handles
-one picture at a time, so that memory stays bounded however many requests arrive.
+one picture at a time, so that memory stays bounded (a client that stalls is dropped after a
+minute).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class PortInUse(Exception):
 def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: dict,
                 debug: bool = False) -> ThreadingHTTPServer:
     """A server (not yet serving) for the page; `answer(picture bytes)` gives the JSON result."""
+    if not PAGE.is_file():  # a copy of the repo without it: say so, not "cannot listen"
+        raise FileNotFoundError(f"the page {PAGE} is missing: restore it from the repository")
     page = PAGE.read_bytes()  # read once: what is served cannot change while it runs
     ## Bounded memory: at most 4 bodies of up to MAX_BODY are held at once, and one picture at
     ## a time is decoded and classified (a 20 MB upload can decode to 120 megapixels). Torch
@@ -52,6 +55,7 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "draw-a-digit"
+        timeout = 60  # seconds a client may stall mid-request before its connection is closed
 
         def do_GET(self) -> None:  # http.server calls do_<METHOD>
             if self.allowed("GET"):
@@ -97,10 +101,10 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
                     return
             self.reply_json(HTTPStatus.OK, result)
 
-        def do_PUT(self) -> None:  # every other method is refused alike
-            self.allowed("PUT")
+        def refuse(self) -> None:  # every other method gets 405, or 404 for an unknown path
+            self.allowed(self.command)
 
-        do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_PUT
+        do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = refuse
 
         def allowed(self, method: str) -> bool:
             """Check the Host header, the path and the method; answer the error if any."""
@@ -139,15 +143,18 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
         def log_message(self, format: str, *args) -> None:  # noqa: A002
             pass  # one line per stroke would drown the terminal; errors are printed above
 
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET  # ::1 is IPv6
+        daemon_threads = True  # Ctrl-C does not wait for open connections
+
     try:
-        server = ThreadingHTTPServer((host, port), Handler)
+        server = Server((host, port), Handler)
     except OSError as err:
         if err.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
             raise PortInUse(f"port {port} on {host} is already in use, by another program or "
                             "another server of this page: pass --port with another number, "
                             "such as --port 8001") from err
         raise
-    server.daemon_threads = True  # Ctrl-C does not wait for open connections
     return server
 
 

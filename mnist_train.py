@@ -68,7 +68,7 @@ def train(args: argparse.Namespace, outputs: RunOutputs) -> None:
     folder, classes = DATASETS[args.dataset]
     images, labels = common.load_mnist(args.data_dir, train=True, dataset=folder)
     test_images, test_labels = common.load_mnist(args.data_dir, train=False, dataset=folder)
-    mean, std = normalisation(args.dataset, images)  # of the training pixels, scaled to 0..1
+    mean, std = normalisation(args.dataset, images)  # of the 60,000 training pictures, 0..1
     splits = choose_splits(args, len(labels), len(test_labels), world)  # (train, val, test)
     train_loader, val_loader, test_loader = make_loaders(
         args, images, labels, test_images, test_labels, splits, device, rank, world, (mean, std))
@@ -126,7 +126,8 @@ def train(args: argparse.Namespace, outputs: RunOutputs) -> None:
                             common.save_checkpoint(save_path, model, model_name=args.model,
                                                    mean=mean, std=std, epoch=epoch,
                                                    val_accuracy=val_acc, sizes=sizes,
-                                                   dataset=args.dataset, classes=classes)
+                                                   dataset=args.dataset, classes=classes,
+                                                   dry_run=args.dry_run)
                     record_history(csv_path, history, writer)
                     outputs.save_training_state(  # what --resume needs to go on from here
                         {"epoch": epoch, "model": model.state_dict(),
@@ -174,7 +175,7 @@ def setup_system(args: argparse.Namespace) -> tuple[int, int, torch.device]:
     """Join torchrun's processes (if any), seed, and set deterministic mode and TF32."""
     device = common.get_device(args.device)  # "auto": the accelerator if there is one
     if args.device == "auto" and device.type == "cpu" and (note := common.missing_gpu_note()):
-        if common.is_main_process():
+        if os.environ.get("RANK", "0") == "0":  # one note, not one per process under torchrun
             print(note)
     try:
         rank, world, device = common.init_distributed(device)  # (0, 1, device) without torchrun
@@ -216,9 +217,9 @@ def amp_dtype_for(choice: str | None, device: torch.device) -> torch.dtype | Non
 
 
 def native_bf16(device: torch.device) -> bool:
-    """Whether `device` computes in bfloat16 in hardware, rather than emulating it."""
+    """Whether bfloat16 is the right 16-bit type for `device` (False: use float16 instead)."""
     if device.type != "cuda":
-        return True  # CPUs with AVX-512 BF16 or AMX, Apple GPUs, Intel XPUs; others convert
+        return True  # CPUs, Apple and Intel GPUs have no GradScaler-free alternative to it
     if torch.version.hip:  # AMD GPUs: ask ROCm about the GPU in question
         with torch.cuda.device(device):
             return torch.cuda.is_bf16_supported()
@@ -229,7 +230,7 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def normalisation(dataset: str, images: torch.Tensor) -> tuple[float, float]:
-    """The mean and std of the training pixels (0..1) that inputs are standardised with."""
+    """The mean and std of the training file's pixels (0..1) that inputs are standardised with."""
     if dataset == "mnist":  # the values everyone uses: the same as computing them, rounded
         return common.MNIST_MEAN, common.MNIST_STD
     pixels = images.float().div_(255)
@@ -294,8 +295,10 @@ class RunOutputs:
     @contextlib.contextmanager
     def keeping_earlier_run(self, epoch: int, val_acc: float):
         """Around a save: first rename an earlier run's files beside them (first save only)."""
-        first_save = self.saved is None and not self.dry_run and self.state is None
-        moves = self._new_names() if first_save else {}  # none when resuming: the same run
+        ## None to rename when resuming (the same run), or when a dry run replaces its own file.
+        first_save = self.saved is None and self.state is None and not (
+            self.dry_run and was_dry_run(self.checkpoint))
+        moves = self._new_names() if first_save else {}
         details = describe_checkpoint(self.checkpoint) if moves else ""
         done = []  # (old, new) pairs renamed so far, undone if the save fails
 
@@ -346,16 +349,17 @@ class RunOutputs:
 
     def on_disk(self, resume_command: str) -> str:
         """One sentence on what is on disk now, for the message after Ctrl-C."""
-        kept = f"; the earlier run's model is kept as {self.earlier}" if self.earlier else ""
-        if self.resumable:
-            kept += f". To go on from the last epoch: {resume_command}"
+        go_on = (f" To go on from the last epoch saved: {resume_command}."
+                 if self.resumable or self.state is not None else "")
         if self.saved is None:
             if self.checkpoint.exists():
-                return f"This run saved nothing: {self.checkpoint}, an earlier run's, is unchanged."
-            return "This run saved nothing yet."
+                return (f"This run saved nothing: {self.checkpoint}, an earlier run's, is "
+                        f"unchanged.{go_on}")
+            return f"This run saved nothing yet.{go_on}"
         epoch, acc = self.saved
+        kept = f"; the earlier run's model is kept as {self.earlier}" if self.earlier else ""
         return (f"{self.checkpoint} holds this run's best model so far (epoch {epoch}, val acc "
-                f"{acc:.4f}), complete and loadable{kept}.")
+                f"{acc:.4f}), complete and loadable{kept}.{go_on}")
 
 
 ## The settings that make a run what it is, kept with its training state: --resume takes them
@@ -368,9 +372,11 @@ def run_settings(args: argparse.Namespace) -> dict:
     return {name: getattr(args, name) for name in RUN_SETTINGS}
 
 
-def load_training_state(args: argparse.Namespace, parser: argparse.ArgumentParser,
-                        outputs: RunOutputs) -> None:
-    """For --resume: read the run's training state, and take its settings into `args`."""
+def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunOutputs) -> None:
+    """For --resume: read the run's training state, and take its settings into `args`.
+
+    `given`: the settings given on the command line; the others come from the saved run.
+    """
     if args.dry_run:
         raise UsageError("--resume goes on with a real run; a --dry-run has nothing to resume")
     if not outputs.resume.exists():
@@ -382,22 +388,33 @@ def load_training_state(args: argparse.Namespace, parser: argparse.ArgumentParse
                          "--save-path (or --model) that the run was started with")
     try:
         state = torch.load(outputs.resume, weights_only=True)  # tensors and plain values only
+        settings, done = dict(state["settings"]), int(state["epoch"])
     except Exception as err:
         raise common.CheckpointError(f"{outputs.resume} is damaged, so the run cannot be "
                                      f"resumed ({common.first_sentence(err)})") from err
-    for name, value in state["settings"].items():
-        given = getattr(args, name)
-        if given == parser.get_default(name):  # left out: the run's own setting
+    for name, value in settings.items():
+        if name not in given:  # left out: the run's own setting
             setattr(args, name, value)
-        elif given != value and name != "epochs":  # more epochs than planned are fine
+        elif getattr(args, name) != value and name != "epochs":  # more epochs are fine
             flag = "--" + name.replace("_", "-")
-            raise UsageError(f"--resume: this run was started with {flag} {value}, not {given}; "
-                             f"leave {flag} out to go on with it, or start a new run")
+            raise UsageError(f"--resume: this run was started with {flag} {value}, not "
+                             f"{getattr(args, name)}; leave {flag} out to go on with it, or "
+                             "start a new run")
+    state["epoch"] = done
     if args.epochs <= state["epoch"]:
         raise UsageError(f"--resume: this run has trained {state['epoch']} of {args.epochs} "
                          f"epochs already; pass --epochs with more than {state['epoch']} to go on")
     outputs.state = state
-    print(f"resuming {outputs.checkpoint}: epochs {state['epoch'] + 1} to {args.epochs}")
+    outputs.saved = tuple(state["best"])[::-1]  # (epoch, val acc) of this run's best so far
+    if common.is_main_process():
+        print(f"resuming {outputs.checkpoint}: epochs {state['epoch'] + 1} to {args.epochs}")
+
+
+def given_on_command_line(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
+    """The settings (dest names) that the command line sets, whatever their values."""
+    argv = sys.argv[1:] if argv is None else argv
+    return {action.dest for action in parser._actions for option in action.option_strings
+            if any(arg == option or arg.startswith(option + "=") for arg in argv)}
 
 
 def resume_training(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -407,8 +424,8 @@ def resume_training(state: dict, model: nn.Module, optimizer: torch.optim.Optimi
     optimizer.load_state_dict(state["optimizer"])  # Adam's running averages and step count
     if scaler is not None and state["scaler"] is not None:
         scaler.load_state_dict(state["scaler"])
-    if world == 1:  # the random numbers of dropout and --augment, as if never interrupted
-        torch.set_rng_state(state["rng"])
+    if world == 1:  # the CPU's random numbers (dropout, --augment), as if never interrupted;
+        torch.set_rng_state(state["rng"])  # a GPU's own generator is not saved
     best_acc, best_epoch = state["best"]
     return best_acc, best_epoch, state["history"], state["epoch"] + 1
 
@@ -420,6 +437,16 @@ def resume_command(args: argparse.Namespace) -> str:
     flags += ([f"--dataset {args.dataset}"] if args.dataset != "mnist" and not args.save_path
               else [])
     return " ".join(["python mnist_train.py", *flags, "--resume"])
+
+
+def was_dry_run(path: Path) -> bool:
+    """Whether the checkpoint at `path` was written by a --dry-run (True if there is none)."""
+    if not path.exists():
+        return True  # nothing to keep
+    try:
+        return bool(common.load_checkpoint(path).get("dry_run"))
+    except common.CheckpointError:
+        return False  # a damaged file, or someone else's: kept, like a real checkpoint
 
 
 def describe_checkpoint(path: Path) -> str:
@@ -860,8 +887,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="bit-identical runs on a GPU too, at some cost in speed")
     # output
     parser.add_argument("--save-path", type=Path, default=None,
-                        help="best checkpoint (default: checkpoints/mnist_<model>.pt, or "
-                             "dry_run_<model>.pt); per-epoch metrics go next to it as .csv")
+                        help="best checkpoint (default: checkpoints/mnist_<model>.pt, "
+                             "fashion_mnist_<model>.pt, or dry_run_...); per-epoch metrics go "
+                             "next to it as .csv")
     parser.add_argument("--log-interval", type=positive(int), default=200,
                         help="print the training loss every N batches")
     parser.add_argument("--tensorboard", metavar="DIR", default=None,
@@ -943,7 +971,7 @@ def main(argv: list[str] | None = None) -> int:
     outputs = RunOutputs(checkpoint_path(args), args.dry_run)
     try:
         if args.resume:
-            load_training_state(args, parser, outputs)
+            load_training_state(args, given_on_command_line(parser, argv), outputs)
         with sigterm_as_ctrl_c():
             train(args, outputs)
     except UsageError as err:

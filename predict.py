@@ -39,11 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give one or more pictures to classify, or --serve to draw on a page")
     if args.checkpoint is not None and args.model is not None:
         parser.error("give --model (for its default checkpoint) or --checkpoint, not both")
-    if args.checkpoint is None:  # mnist_train.py's default save path for that model
+    given = args.checkpoint is not None
+    if not given:  # mnist_train.py's default save path for that model
         args.checkpoint = Path("checkpoints") / f"mnist_{args.model or 'mlp'}.pt"
-        given = False
-    else:
-        given = True
     try:
         device = common.get_device(args.device)
     except ValueError as err:
@@ -85,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             failed += 1
             continue
         if result["warning"]:
-            say(f"{path}: warning: {result['warning']}; the guess below means nothing",
-                sys.stderr)
+            meaning = ("means nothing" if result["warning"].startswith("no digit")
+                       else "is a guess at one digit only")
+            say(f"{path}: warning: {result['warning']}; the guess {meaning}", sys.stderr)
         results.append({"path": str(path), **result, "checkpoint": str(args.checkpoint),
                         "model": checkpoint["model_name"]})
         if not args.json:
@@ -127,10 +126,12 @@ def read_and_classify(source, model: torch.nn.Module, checkpoint: dict,
 
 def classify(model: torch.nn.Module, digit: torch.Tensor, mean: float, std: float,
              device: torch.device) -> torch.Tensor:
-    """The model's probability for each digit 0..9, given one 28 x 28 image (0..1)."""
+    """The model's probability for each of its classes, given one 28 x 28 image (0..1)."""
     ## Normalise exactly as in training (the checkpoint records the mean and std it used), add
-    ## the batch and channel dimensions the model expects, and run it without autograd.
+    ## the batch and channel dimensions the model expects, and run it without autograd, in
+    ## eval mode (load_model() sets it; a copy of this function must too, or Dropout stays on).
     inputs = ((digit - mean) / std)[None, None].to(device)
+    model.eval()
     with torch.inference_mode():
         logits = model(inputs)
     return torch.softmax(logits, dim=1)[0].float().cpu()  # scores -> probabilities summing to 1
@@ -145,11 +146,13 @@ def class_names(checkpoint: dict) -> list[str]:
 def describe(checkpoint: dict) -> str:
     """'mlp 784-128-64-10, epoch 4, val acc 0.9718' (and the dataset when not MNIST)."""
     sizes = checkpoint.get("sizes") or {}
-    shape = ("-".join(map(str, [784, *sizes.get("hidden", (128, 64)), 10]))
-             if checkpoint["model_name"] == "mlp" else "")
+    if checkpoint["model_name"] == "mlp":  # its layer sizes, e.g. 784-128-64-10
+        name = "mlp " + "-".join(map(str, [784, *sizes.get("hidden", (128, 64)), 10]))
+    else:
+        name = checkpoint["model_name"]
     data = f" on {checkpoint['dataset']}" if checkpoint.get("dataset", "mnist") != "mnist" else ""
-    return (f"{checkpoint['model_name']} {shape}{data}, epoch {checkpoint.get('epoch', '?')}, "
-            f"val acc {checkpoint.get('val_accuracy', float('nan')):.4f}").replace("  ", " ")
+    return (f"{name}{data}, epoch {checkpoint.get('epoch', '?')}, val acc "
+            f"{checkpoint.get('val_accuracy', float('nan')):.4f}")
 
 
 def plain_28x28(gray: torch.Tensor) -> torch.Tensor:
@@ -163,10 +166,12 @@ def checkpoint_problem(err: common.CheckpointError, args: argparse.Namespace, gi
     """The one-line error for a checkpoint that cannot be used, with the next step."""
     text = common.sentence(str(err))
     if not args.checkpoint.exists():
-        if not given:  # the default path: say where that is, whatever the current folder
+        if given:  # train one that is saved there
+            text += f" Train one first: python mnist_train.py --save-path {args.checkpoint}"
+        else:  # the default path: say where that is, whatever the current folder
             text = common.sentence(f"checkpoint {args.checkpoint.resolve()} does not exist")
-        model = f" --model {args.model}" if args.model and args.model != "mlp" else ""
-        text += f" Train one first: python mnist_train.py{model}"
+            model = f" --model {args.model}" if args.model and args.model != "mlp" else ""
+            text += f" Train one first: python mnist_train.py{model}"
     return text
 
 
@@ -216,7 +221,7 @@ def serve_page(args: argparse.Namespace, model: torch.nn.Module, checkpoint: dic
         server = digit_server.make_server(args.host, args.port,
                                           page_answer(model, checkpoint, device), about,
                                           args.debug)
-    except digit_server.PortInUse as err:
+    except (digit_server.PortInUse, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # a host name that does not resolve, an address not on this machine

@@ -656,9 +656,14 @@ def test_a_file_another_program_keeps_open_is_named_with_what_to_do(tmp_path, mo
 
     monkeypatch.setattr(common.os, "replace", always_busy)
     monkeypatch.setattr(common.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(common.sys, "platform", "win32")
     with pytest.raises(common.OutputError) as err:
         common.write_atomically(tmp_path / "m.csv", b"new")
     assert str(err.value).startswith(f"could not write {tmp_path / 'm.csv'}: Access is denied. "
                                      "On Windows this means another program holds the file open")
+    monkeypatch.setattr(common.sys, "platform", "linux")  # there, a plain permission problem
+    with pytest.raises(common.OutputError) as err:
+        common.write_atomically(tmp_path / "m.csv", b"new")
+    assert "another program" not in str(err.value)
     assert (tmp_path / "m.csv").read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv"]  # no temporary file left

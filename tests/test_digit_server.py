@@ -200,3 +200,12 @@ def test_serve_prints_the_address_and_ctrl_c_ends_it_with_one_line(trained_check
     press_ctrl_c(proc)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and err.strip() == "interrupted: stopped."
+
+
+def test_the_page_can_be_served_on_ipv6s_loopback_too(trained_checkpoint):
+    try:
+        server = digit_server.make_server("::1", 0, lambda body: {}, {"model": "mlp"})
+    except OSError as err:  # a machine without IPv6
+        pytest.skip(f"no IPv6 loopback here: {err}")
+    server.server_close()
+    assert digit_server.host_allowed(f"[::1]:{server.server_port}", "::1", server.server_port)

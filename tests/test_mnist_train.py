@@ -305,7 +305,7 @@ def test_ctrl_c_says_what_is_on_disk_and_the_earlier_model_stays_findable(tiny_m
     acc = common.load_checkpoint(save_path)["val_accuracy"]
     assert err == (f"interrupted: stopped. {save_path} holds this run's best model so far "
                    f"(epoch 1, val acc {acc:.4f}), complete and loadable; the earlier run's "
-                   f"model is kept as {kept}. To go on from the last epoch: python "
+                   f"model is kept as {kept}. To go on from the last epoch saved: python "
                    f"mnist_train.py --save-path {save_path} --resume.")
     assert kept.read_bytes() == earlier
 
@@ -545,7 +545,7 @@ def test_a_resumed_run_ends_exactly_where_an_uninterrupted_one_does(tiny_mnist, 
         interrupt_after_epoch(patch, 1)
         assert train(tiny_mnist, broken, "--epochs", "3", *flags) == 130
     err = capsys.readouterr().err
-    assert f"To go on from the last epoch: python mnist_train.py --save-path {broken} " \
+    assert f"To go on from the last epoch saved: python mnist_train.py --save-path {broken} " \
            "--resume." in err
     ## --resume takes the run's settings (model, augment, epochs) from its saved state
     assert mnist_train.main(["--data-dir", str(tiny_mnist), "--save-path", str(broken),
@@ -843,3 +843,42 @@ def test_a_platform_stop_signal_ends_the_run_like_ctrl_c(tiny_mnist, tmp_path, m
     assert train(tiny_mnist, tmp_path / "m.pt", "--epochs", "100000") == 130
     assert capsys.readouterr().err.strip().startswith("interrupted: stopped.")
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+def test_a_dry_run_saved_over_a_real_checkpoint_keeps_the_real_one(tiny_mnist, tmp_path,
+                                                                   capsys):
+    real = tmp_path / "m.pt"
+    assert train(tiny_mnist, real, "--epochs", "1") == 0
+    before = real.read_bytes()
+    assert train(tiny_mnist, real, "--dry-run") == 0
+    assert "an earlier run's files are kept" in capsys.readouterr().out
+    def kept():
+        return [p for p in tmp_path.glob("m.*.pt") if not p.stem.endswith("_resume")]
+
+    assert len(kept()) == 1 and kept()[0].read_bytes() == before
+    assert train(tiny_mnist, real, "--dry-run") == 0  # a dry run replaces its own file
+    assert len(kept()) == 1
+
+
+def test_resume_takes_epochs_given_on_the_command_line_even_at_the_default(tiny_mnist, tmp_path):
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "3") == 0
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "5", "--resume") == 0  # 5: default
+    assert len(read_csv(tmp_path / "a.csv")) == 5
+
+
+def test_ctrl_c_in_a_resumed_run_names_its_best_model_and_how_to_go_on(tiny_mnist, tmp_path,
+                                                                       monkeypatch, capsys):
+    path = tmp_path / "a.pt"
+    assert train(tiny_mnist, path, "--epochs", "2") == 0
+    best = common.load_checkpoint(path)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(common, "train_one_epoch", interrupted)
+    capsys.readouterr()
+    assert train(tiny_mnist, path, "--epochs", "4", "--resume") == 130
+    assert capsys.readouterr().err.strip() == (
+        f"interrupted: stopped. {path} holds this run's best model so far (epoch "
+        f"{best['epoch']}, val acc {best['val_accuracy']:.4f}), complete and loadable. To go on "
+        f"from the last epoch saved: python mnist_train.py --save-path {path} --resume.")

@@ -257,3 +257,13 @@ def test_a_name_the_output_encoding_cannot_show_does_not_stop_the_batch(trained_
     lines = proc.stdout.decode("cp1252").splitlines()
     assert lines[1].startswith(str(tmp_path / "\\u6570\\u5b57.png")) and lines[2].startswith(
         str(tmp_path / "plain.png"))
+
+
+def test_a_cnn_is_described_by_name_and_a_missing_given_checkpoint_says_how_to_make_it(
+        tmp_path, capsys):
+    assert predict.describe({"model_name": "cnn", "epoch": 4, "val_accuracy": 0.99}) == \
+        "cnn, epoch 4, val acc 0.9900"
+    digit_picture(1).save(tmp_path / "one.png")
+    assert predict.main(["--checkpoint", str(tmp_path / "mine.pt"), str(tmp_path / "one.png")]) == 1
+    assert capsys.readouterr().err.endswith(
+        f"Train one first: python mnist_train.py --save-path {tmp_path / 'mine.pt'}\n")
