@@ -48,9 +48,10 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
 
 import common
+import run_files
 
 
-def train(args: argparse.Namespace, outputs: RunOutputs) -> None:
+def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     """The lesson: data -> model -> loss -> optimizer -> training loop -> final test."""
     rank, world, device = setup_system(args)  # torchrun, seeding, deterministic mode, TF32
     main_process = rank == 0  # only rank 0 prints, writes files and saves checkpoints
@@ -97,8 +98,8 @@ def train(args: argparse.Namespace, outputs: RunOutputs) -> None:
     epochs = 1 if args.dry_run else args.epochs
     best_acc, best_epoch, history, first = -1.0, 0, [], 1
     if args.resume:  # go on after the last epoch saved: weights, optimizer, random numbers
-        best_acc, best_epoch, history, first = resume_training(outputs.state, model, optimizer,
-                                                               scaler, world)
+        best_acc, best_epoch, history, first = run_files.resume_training(
+            outputs.state, model, optimizer, scaler, world)
     with open_tensorboard(args.tensorboard if main_process else None) as writer:
         for epoch in range(first, epochs + 1):
             start = time.perf_counter()
@@ -134,7 +135,7 @@ def train(args: argparse.Namespace, outputs: RunOutputs) -> None:
                          "optimizer": optimizer.state_dict(),
                          "scaler": scaler.state_dict() if scaler else None,
                          "rng": torch.get_rng_state(), "best": (best_acc, best_epoch),
-                         "history": history, "settings": run_settings(args)})
+                         "history": history, "settings": run_files.run_settings(args)})
                 print(f"epoch {epoch}/{epochs} | train loss {train_loss:.4f} | val loss "
                       f"{val_loss:.4f} | val acc {val_acc:.4f} | {seconds:.1f} s"
                       + (" | saved best" if saved else ""))
@@ -259,206 +260,7 @@ def checkpoint_path(args: argparse.Namespace) -> Path:
     return args.save_path or Path("checkpoints") / default_name
 
 
-class RunOutputs:
-    """The files a run writes, and what became of an earlier run's files at the same path."""
-
-    ## "Best" means best within one run: a new run's first epoch is usually worse than the end
-    ## of the last one. So a new run never writes over an earlier run's files. At its first
-    ## save it renames them, stamped with the time the earlier checkpoint was written:
-    ## mnist_mlp.pt -> mnist_mlp.2026-12-01_10-05-33.pt (and the .csv and _mistakes.png).
-    ## The new run's best model then always sits at the usual path, where predict.py looks.
-    ## Beside it, mnist_mlp_resume.pt holds the last epoch's weights and optimizer, for --resume.
-
-    def __init__(self, checkpoint: Path, dry_run: bool) -> None:
-        self.checkpoint, self.dry_run = checkpoint, dry_run
-        self.csv = checkpoint.with_suffix(".csv")
-        self.mistakes = mistakes_path(checkpoint)
-        self.resume = checkpoint.with_name(f"{checkpoint.stem}_resume.pt")
-        self.earlier: Path | None = None  # where the earlier run's checkpoint now is
-        self.saved: tuple[int, float] | None = None  # (epoch, val acc) this run has on disk
-        self.state: dict | None = None  # with --resume: the state this run goes on from
-        self.resumable = False  # whether this run's training state is on disk
-
-    def save_training_state(self, state: dict) -> None:
-        """Write what --resume needs to go on after this epoch; a failure only warns."""
-        if self.dry_run:
-            return
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        try:
-            common.write_atomically(self.resume, buffer.getvalue())
-            self.resumable = True
-        except common.OutputError as err:  # the run goes on; only --resume loses this epoch
-            print(f"warning: {err} --resume cannot continue from epoch {state['epoch']}.",
-                  file=sys.stderr)
-
-    @contextlib.contextmanager
-    def keeping_earlier_run(self, epoch: int, val_acc: float):
-        """Around a save: first rename an earlier run's files beside them (first save only)."""
-        ## None to rename when resuming (the same run), or when a dry run replaces its own file.
-        first_save = self.saved is None and self.state is None and not (
-            self.dry_run and was_dry_run(self.checkpoint))
-        moves = self._new_names() if first_save else {}
-        details = describe_checkpoint(self.checkpoint) if moves else ""
-        done = []  # (old, new) pairs renamed so far, undone if the save fails
-
-        def undo():
-            for old, new in reversed(done):
-                os.replace(new, old)
-
-        try:
-            for old, new in moves.items():
-                os.replace(old, new)
-                done.append((old, new))
-        except OSError as err:
-            undo()
-            raise common.OutputError(f"could not rename the earlier run's {old} to {new}: "
-                                     f"{err.strerror}. Nothing was replaced.") from err
-        try:
-            yield
-        except BaseException:  # the save failed: the earlier run's files go back as they were
-            undo()
-            raise
-        self.saved = (epoch, val_acc)
-        if moves:
-            first_old, first_new = next(iter(moves.items()))
-            self.earlier = moves.get(self.checkpoint)
-            extras = [old.name.removeprefix(self.checkpoint.stem) for old in moves
-                      if old != first_old]  # .csv, _mistakes.png, _resume.pt
-            print(f"an earlier run's files are kept: {first_old} -> {first_new}{details}"
-                  + (f", with its {', '.join(extras[:-1])}{' and ' if len(extras) > 1 else ''}"
-                     f"{extras[-1]}" if extras else ""))
-
-    def _new_names(self) -> dict[Path, Path]:
-        """{earlier run's file: its new, stamped name} for the files that exist."""
-        found = [p for p in (self.checkpoint, self.csv, self.mistakes, self.resume)
-                 if p.exists()]
-        if not found:
-            return {}
-        written = time.localtime(found[0].stat().st_mtime)  # the checkpoint's, if there is one
-        stamp = time.strftime("%Y-%m-%d_%H-%M-%S", written)  # no ":", which Windows forbids
-        for n in range(1, 1000):  # two runs saved in the same second: add -2, -3, ...
-            new = self.checkpoint.with_name(f"{self.checkpoint.stem}.{stamp}"
-                                            f"{'' if n == 1 else f'-{n}'}{self.checkpoint.suffix}")
-            names = {self.checkpoint: new, self.csv: new.with_suffix(".csv"),
-                     self.mistakes: mistakes_path(new),
-                     self.resume: new.with_name(f"{new.stem}_resume.pt")}
-            if not any(p.exists() for p in names.values()):
-                break
-        return {old: names[old] for old in found}
-
-    def on_disk(self, resume_command: str) -> str:
-        """One sentence on what is on disk now, for the message after Ctrl-C."""
-        go_on = (f" To go on from the last epoch saved: {resume_command}."
-                 if self.resumable or self.state is not None else "")
-        if self.saved is None:
-            if self.checkpoint.exists():
-                return (f"This run saved nothing: {self.checkpoint}, an earlier run's, is "
-                        f"unchanged.{go_on}")
-            return f"This run saved nothing yet.{go_on}"
-        epoch, acc = self.saved
-        kept = f"; the earlier run's model is kept as {self.earlier}" if self.earlier else ""
-        return (f"{self.checkpoint} holds this run's best model so far (epoch {epoch}, val acc "
-                f"{acc:.4f}), complete and loadable{kept}.{go_on}")
-
-
-## The settings that make a run what it is, kept with its training state: --resume takes them
-## from there, so that the resumed run goes on exactly as it would have without a break.
-RUN_SETTINGS = ("model", "hidden", "channels", "dataset", "optimizer", "lr", "batch_size",
-                "augment", "clip_grad", "amp", "seed", "val_size", "subset", "loader", "epochs")
-
-
-def run_settings(args: argparse.Namespace) -> dict:
-    return {name: getattr(args, name) for name in RUN_SETTINGS}
-
-
-def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunOutputs) -> None:
-    """For --resume: read the run's training state, and take its settings into `args`.
-
-    `given`: the settings given on the command line; the others come from the saved run.
-    """
-    if args.dry_run:
-        raise UsageError("--resume goes on with a real run; a --dry-run has nothing to resume")
-    if not outputs.resume.exists():
-        if outputs.checkpoint.exists():
-            raise UsageError(f"--resume: {outputs.checkpoint} holds no training state (it was "
-                             f"saved before --resume existed, or {outputs.resume.name} beside "
-                             "it was removed): start a new run without --resume")
-        raise UsageError(f"--resume: there is no run to resume at {outputs.checkpoint}; give the "
-                         "--save-path (or --model) that the run was started with")
-    try:
-        state = torch.load(outputs.resume, weights_only=True)  # tensors and plain values only
-        settings, done = dict(state["settings"]), int(state["epoch"])
-    except Exception as err:
-        raise common.CheckpointError(f"{outputs.resume} is damaged, so the run cannot be "
-                                     f"resumed ({common.first_sentence(err)})") from err
-    for name, value in settings.items():
-        if name not in given:  # left out: the run's own setting
-            setattr(args, name, value)
-        elif getattr(args, name) != value and name != "epochs":  # more epochs are fine
-            flag = "--" + name.replace("_", "-")
-            raise UsageError(f"--resume: this run was started with {flag} {value}, not "
-                             f"{getattr(args, name)}; leave {flag} out to go on with it, or "
-                             "start a new run")
-    state["epoch"] = done
-    if args.epochs <= state["epoch"]:
-        raise UsageError(f"--resume: this run has trained {state['epoch']} of {args.epochs} "
-                         f"epochs already; pass --epochs with more than {state['epoch']} to go on")
-    outputs.state = state
-    outputs.saved = tuple(state["best"])[::-1]  # (epoch, val acc) of this run's best so far
-    if common.is_main_process():
-        print(f"resuming {outputs.checkpoint}: epochs {state['epoch'] + 1} to {args.epochs}")
-
-
-def given_on_command_line(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
-    """The settings (dest names) that the command line sets, whatever their values."""
-    argv = sys.argv[1:] if argv is None else argv
-    return {action.dest for action in parser._actions for option in action.option_strings
-            if any(arg == option or arg.startswith(option + "=") for arg in argv)}
-
-
-def resume_training(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scaler: torch.amp.GradScaler | None, world: int):
-    """Put the saved training state back; return (best acc, best epoch, history, next epoch)."""
-    model.load_state_dict(state["model"])  # the last epoch's weights, not the best ones
-    optimizer.load_state_dict(state["optimizer"])  # Adam's running averages and step count
-    if scaler is not None and state["scaler"] is not None:
-        scaler.load_state_dict(state["scaler"])
-    if world == 1:  # the CPU's random numbers (dropout, --augment), as if never interrupted;
-        torch.set_rng_state(state["rng"])  # a GPU's own generator is not saved
-    best_acc, best_epoch = state["best"]
-    return best_acc, best_epoch, state["history"], state["epoch"] + 1
-
-
-def resume_command(args: argparse.Namespace) -> str:
-    """The command that goes on with this run: the flags that name its files, and --resume."""
-    flags = [f"--save-path {args.save_path}"] if args.save_path else []
-    flags += [f"--model {args.model}"] if args.model != "mlp" and not args.save_path else []
-    flags += ([f"--dataset {args.dataset}"] if args.dataset != "mnist" and not args.save_path
-              else [])
-    return " ".join(["python mnist_train.py", *flags, "--resume"])
-
-
-def was_dry_run(path: Path) -> bool:
-    """Whether the checkpoint at `path` was written by a --dry-run (True if there is none)."""
-    if not path.exists():
-        return True  # nothing to keep
-    try:
-        return bool(common.load_checkpoint(path).get("dry_run"))
-    except common.CheckpointError:
-        return False  # a damaged file, or someone else's: kept, like a real checkpoint
-
-
-def describe_checkpoint(path: Path) -> str:
-    """' (epoch 4, val acc 0.9718)' for a checkpoint of this repo, else ''."""
-    try:
-        checkpoint = common.load_checkpoint(path)
-        return f" (epoch {checkpoint['epoch']}, val acc {checkpoint['val_accuracy']:.4f})"
-    except (common.CheckpointError, KeyError, TypeError, ValueError):
-        return ""
-
-
-def check_outputs(outputs: RunOutputs, tensorboard: str | None) -> None:
+def check_outputs(outputs: run_files.RunOutputs, tensorboard: str | None) -> None:
     """Refuse, before any data is loaded, output paths that could not be written."""
     files = {"--save-path": outputs.checkpoint, "its CSV": outputs.csv}
     if not outputs.dry_run:
@@ -480,11 +282,6 @@ def check_outputs(outputs: RunOutputs, tensorboard: str | None) -> None:
                              "tensorboard")
         if problem := common.check_output_dir(tensorboard):
             raise UsageError(f"--tensorboard {tensorboard}: {problem}")
-
-
-def mistakes_path(save_path: Path) -> Path:
-    """checkpoints/mnist_mlp.pt -> checkpoints/mnist_mlp_mistakes.png"""
-    return save_path.with_name(f"{save_path.stem}_mistakes.png")
 
 
 def choose_splits(args: argparse.Namespace, n_train: int, n_test: int,
@@ -968,17 +765,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK")  # under torchrun, say which process failed
     where = f" (rank {rank})" if rank else ""
-    outputs = RunOutputs(checkpoint_path(args), args.dry_run)
+    outputs = run_files.RunOutputs(checkpoint_path(args), args.dry_run)
     try:
         if args.resume:
-            load_training_state(args, given_on_command_line(parser, argv), outputs)
+            given = run_files.given_on_command_line(parser, argv)
+            run_files.load_training_state(args, given, outputs)
         with sigterm_as_ctrl_c():
             train(args, outputs)
-    except UsageError as err:
+    except (UsageError, run_files.ResumeError) as err:
         parser.error(str(err))  # exits with code 2, like the other argument errors
     except KeyboardInterrupt:
         if common.is_main_process():
-            print(f"\ninterrupted: stopped. {outputs.on_disk(resume_command(args))}",
+            print(f"\ninterrupted: stopped. {outputs.on_disk(run_files.resume_command(args))}",
                   file=sys.stderr)
         return 130
     except FloatingPointError as err:  # the loss became NaN or inf

@@ -13,6 +13,7 @@ from PIL import Image
 
 import common
 import mnist_train
+import run_files
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -292,13 +293,13 @@ def test_ctrl_c_says_what_is_on_disk_and_the_earlier_model_stays_findable(tiny_m
                   "run's, is unchanged."
     assert save_path.read_bytes() == earlier
     ## Ctrl-C after the new run's first save: the message says which model is where.
-    save_state = mnist_train.RunOutputs.save_training_state
+    save_state = run_files.RunOutputs.save_training_state
 
     def save_then_interrupt(*args, **kwargs):  # the last write of an epoch's saving block
         save_state(*args, **kwargs)
         raise KeyboardInterrupt  # as interrupts_deferred() does for a Ctrl-C held back
 
-    monkeypatch.setattr(mnist_train.RunOutputs, "save_training_state", save_then_interrupt)
+    monkeypatch.setattr(run_files.RunOutputs, "save_training_state", save_then_interrupt)
     assert train(tiny_mnist, save_path, "--epochs", "20") == 130
     err = capsys.readouterr().err.strip()
     kept = next(p for p in tmp_path.glob("best.*.pt") if not p.stem.endswith("_resume"))
@@ -520,14 +521,14 @@ def test_a_csv_that_cannot_be_written_ends_the_run_but_keeps_the_saved_checkpoin
 # --resume ---------------------------------------------------------------------------------------
 def interrupt_after_epoch(monkeypatch, epoch):
     """Make the run stop as Ctrl-C would, right after `epoch` has been saved."""
-    save_state = mnist_train.RunOutputs.save_training_state
+    save_state = run_files.RunOutputs.save_training_state
 
     def save_then_interrupt(self, state):
         save_state(self, state)
         if state["epoch"] == epoch:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(mnist_train.RunOutputs, "save_training_state", save_then_interrupt)
+    monkeypatch.setattr(run_files.RunOutputs, "save_training_state", save_then_interrupt)
 
 
 def without_seconds(csv_path):
