@@ -665,3 +665,11 @@ def centre_by_mass(digit: torch.Tensor, size: int) -> torch.Tensor:
     out = torch.zeros(size, size)
     out[top : top + h, left : left + w] = digit
     return out
+
+
+def plain_28x28(gray: torch.Tensor) -> torch.Tensor:
+    """For pictures that are not digits (Fashion-MNIST): the whole picture squashed to 28 x 28,
+    light on dark as MNIST-style datasets are."""
+    small = F.interpolate(gray[None, None], size=(28, 28), mode="area")[0, 0]
+    border = torch.cat([small[0], small[-1], small[:, 0], small[:, -1]])
+    return 1 - small if border.median() > 0.5 else small

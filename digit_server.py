@@ -191,6 +191,22 @@ def is_ip(name: str) -> bool:
     return True
 
 
+def run(host: str, port: int, answer: Callable[[bytes], dict], about: dict,
+        debug: bool = False) -> int:
+    """make_server(), then serve() until Ctrl-C; a port or host that fails is one line, code 2."""
+    try:
+        server = make_server(host, port, answer, about, debug)
+    except (PortInUse, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a host name that does not resolve, an address not on this machine
+        print(f"error: cannot listen on {host} port {port}: {err.strerror or err}. Check "
+              "--host (127.0.0.1 for this machine only).", file=sys.stderr)
+        return 2
+    serve(server, host)
+    return 0
+
+
 def serve(server: ThreadingHTTPServer, host: str) -> None:
     """Say where the page is, then serve until Ctrl-C (which raises KeyboardInterrupt)."""
     port = server.server_port
