@@ -89,7 +89,8 @@ def main() -> None:
     right = sum(str(d) == g for d, g in guesses)
     print(f"{args.drawings} drawings, {len(times)} strokes ({args.checkpoint}): stroke end to "
           f"guess on screen, median {statistics.median(times):.0f} ms, slowest "
-          f"{max(times):.0f} ms; {right} of {len(guesses)} drawings read right")
+          f"{max(times):.0f} ms; {right} of {len(guesses)} drawings read right"
+          + "".join(f"; a {d} read as {g}" for d, g in guesses if str(d) != g))
 
 
 if __name__ == "__main__":

@@ -801,19 +801,27 @@ def test_a_gpu_that_pytorch_cannot_use_gets_one_note(tiny_mnist, tmp_path, monke
     assert "note:" not in capsys.readouterr().out  # asked for the CPU: nothing to say
 
 
-def test_dataloader_workers_start_under_spawn_as_on_windows_and_macos(tiny_mnist, tmp_path):
-    ## Windows and macOS start workers with "spawn": everything sent to them must pickle.
+def test_dataloader_workers_start_under_spawn_as_on_windows_and_macos(tiny_mnist):
+    ## Windows and macOS start workers with "spawn": a new Python that gets the dataset and
+    ## the collate function (with --augment) by pickling. One batch of the training loader
+    ## that `--loader dataloader --num-workers 1 --augment` builds, in such a worker.
     code = f"""
 import torch.multiprocessing as mp
 mp.set_start_method("spawn", force=True)
-import mnist_train
-print(mnist_train.main(["--data-dir", {str(tiny_mnist)!r}, "--val-size", "200", "--dry-run",
-                        "--loader", "dataloader", "--num-workers", "2", "--augment",
-                        "--save-path", {str(tmp_path / "m.pt")!r}]))
+import common, mnist_train
+args = mnist_train.build_parser().parse_args(["--data-dir", {str(tiny_mnist)!r}, "--val-size",
+    "200", "--loader", "dataloader", "--num-workers", "1", "--augment"])
+images, labels = common.load_mnist(args.data_dir, train=True)
+test_images, test_labels = common.load_mnist(args.data_dir, train=False)
+splits = mnist_train.choose_splits(args, len(labels), len(test_labels), 1)
+train, _, _ = mnist_train.make_loaders(args, images, labels, test_images, test_labels, splits,
+                                       common.get_device("cpu"), 0, 1)
+inputs, targets = next(iter(train))
+print(train.multiprocessing_context or mp.get_start_method(), list(inputs.shape))
 """
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           timeout=600)
-    assert proc.stdout.splitlines()[-1] == "0", proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[-2] == "spawn [64, 1, 28, 28]", proc.stderr[-2000:]
 
 
 def test_main_runs_from_a_thread_other_than_the_main_one(tiny_mnist, tmp_path):
