@@ -784,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
               "The best checkpoint saved so far is unchanged.", file=sys.stderr)
         return 1
     except (common.DataError, common.CheckpointError, common.OutputError) as err:
-        print(f"error{where}: {err}", file=sys.stderr)
+        print(f"error{where}: {common.sentence(str(err))}", file=sys.stderr)
         return 1
     finally:
         common.cleanup_distributed()
