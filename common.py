@@ -741,6 +741,18 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return tensor.tolist()
 
 
+def wait_for_all_ranks() -> None:
+    """Under torchrun, wait until every rank has got here; in a plain run, return at once."""
+    ## A rank that leaves the process group while another still works in it can bring the
+    ## whole run down as it shuts its connections.
+    if "WORLD_SIZE" not in os.environ:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def cleanup_distributed() -> None:
     """Leave the process group, if this process joined one."""
     if "WORLD_SIZE" not in os.environ:  # plain run: nothing was initialised

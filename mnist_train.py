@@ -157,6 +157,7 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
                         classes)
         if not args.dry_run and len(splits[0]) >= 1000 and best_acc < 2 / len(classes):
             print(did_not_learn(best_acc, len(classes), args.lr))
+    common.wait_for_all_ranks()  # under torchrun the others wait for rank 0's test, then all end
 
 
 # ---------------------------------------------------------------------------------------------
