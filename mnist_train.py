@@ -473,6 +473,10 @@ def compile_problem(device: torch.device) -> str | None:
     if device.type == "cpu" and sys.platform == "win32" and shutil.which("cl") is None:
         return ("on Windows it needs Microsoft's C++ compiler (cl.exe, from Visual Studio's "
                 "Build Tools); run from an 'x64 Native Tools Command Prompt' that has it")
+    compilers = [os.environ.get("CXX"), *map(shutil.which, ("g++", "clang++", "c++"))]
+    if device.type == "cpu" and sys.platform != "win32" and not any(compilers):
+        return ("on the CPU it needs a C++ compiler, and none was found (install g++ or clang, "
+                "e.g. with Xcode's command line tools on a Mac)")
     return None
 
 

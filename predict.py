@@ -217,7 +217,8 @@ def serve_page(args: argparse.Namespace, model: torch.nn.Module, checkpoint: dic
     import digit_server
 
     about = {"checkpoint": str(args.checkpoint), "model": checkpoint["model_name"],
-             "epoch": checkpoint.get("epoch"), "val_accuracy": checkpoint.get("val_accuracy")}
+             "epoch": checkpoint.get("epoch"), "val_accuracy": checkpoint.get("val_accuracy"),
+             "classes": class_names(checkpoint)}
     return digit_server.run(args.host, args.port, page_answer(model, checkpoint, device), about,
                             args.debug)
 

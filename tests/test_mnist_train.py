@@ -772,16 +772,20 @@ def test_windows_trains_on_gpus_with_gloo_and_without_libuv(monkeypatch):
     assert chosen == ["gloo"] and os.environ["USE_LIBUV"] == "0"  # NCCL does not exist there
 
 
+@pytest.mark.parametrize("platform, message", [
+    ("win32", "--compile: on Windows it needs Microsoft's C++ compiler"),
+    ("linux", "--compile: on the CPU it needs a C++ compiler, and none was found")])
 def test_compile_without_a_compiler_is_refused_before_any_work(monkeypatch, tmp_path, capsys,
-                                                               no_network):
+                                                               no_network, platform, message):
     import shutil
 
-    monkeypatch.setattr(mnist_train.sys, "platform", "win32")
-    monkeypatch.setattr(shutil, "which", lambda name: None)  # no cl.exe on PATH
+    monkeypatch.setattr(mnist_train.sys, "platform", platform)
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # no cl.exe, g++ or clang++
+    monkeypatch.delenv("CXX", raising=False)
     with pytest.raises(SystemExit) as exit_:
         train(tmp_path / "no_data", tmp_path / "m.pt", "--compile", "--device", "cpu")
     assert exit_.value.code == 2
-    assert "--compile: on Windows it needs Microsoft's C++ compiler" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("cuda, says", [(None, "is a CPU-only build"),

@@ -116,3 +116,30 @@ def test_the_keyboard_reaches_clear_and_the_file_button_and_nothing_scrolls_side
     assert "clear" in reached and "choose" in reached
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= 375  # the viewport's width: no sideways scrolling on a small phone
+
+
+def test_the_page_shows_class_names_for_a_model_of_another_dataset(browser):
+    ## A Fashion-MNIST checkpoint: the guess and the bars are named, not numbered.
+    import threading
+
+    import digit_server
+
+    names = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+             "Sneaker", "Bag", "Ankle boot"]
+    answer = {"prediction": 4, "class": "Coat", "warning": None,
+              "probabilities": [0.0] * 4 + [1.0] + [0.0] * 5, "input": [[0] * 28] * 28}
+    server = digit_server.make_server("127.0.0.1", 0, lambda body: answer,
+                                      {"model": "mlp", "checkpoint": "f.pt", "epoch": 1,
+                                       "val_accuracy": 0.9, "classes": names})
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tab = browser.new_page()
+        tab.goto(f"http://127.0.0.1:{server.server_port}/")
+        tab.wait_for_function("document.getElementById('model').textContent !== ''")
+        draw(tab, 1)
+        tab.wait_for_function("document.getElementById('guess').textContent === 'Coat'")
+        assert "Ankle boot" in tab.inner_text("#bars")
+        tab.close()
+    finally:
+        server.shutdown()
+        server.server_close()
