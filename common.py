@@ -87,24 +87,6 @@ def get_device(name: str = "auto") -> torch.device:
     return device
 
 
-def missing_gpu_note() -> str | None:
-    """A note for when no accelerator is usable although an NVIDIA driver is installed."""
-    ## The tool that comes with the driver is looked up, never run: running it takes seconds.
-    import shutil
-
-    if shutil.which("nvidia-smi") is None:
-        return None
-    if torch.version.cuda is None:
-        return ("note: an NVIDIA driver is installed (nvidia-smi), but this PyTorch "
-                f"({torch.__version__}) is a CPU-only build, so this runs on the CPU. For the "
-                "GPU, install PyTorch's CUDA build: the command for your system is on "
-                "https://pytorch.org/get-started/locally/ (on Windows, pip's default is CPU-only)")
-    return (f"note: an NVIDIA driver is installed (nvidia-smi) and this PyTorch is built for CUDA "
-            f"{torch.version.cuda}, but it finds no usable GPU, so this runs on the CPU. Run "
-            "nvidia-smi: if it fails, reinstall the driver; if it works, the driver may be too "
-            f"old for CUDA {torch.version.cuda}, or CUDA_VISIBLE_DEVICES hides the GPU")
-
-
 # ---------------------------------------------------------------------------------------------
 # models
 ## A model is an nn.Module: layers with weights are created in __init__, which registers their
@@ -298,9 +280,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes): it was not saved completely")
     with open(path, "rb") as f:
         start = f.read(8)
-    if kind := PICTURE_SIGNATURES.get(next((s for s in PICTURE_SIGNATURES if start.startswith(s)),
-                                           b"")):
-        raise CheckpointError(f"{path} is a {kind} picture, not a checkpoint")
+    for signature, kind in PICTURE_SIGNATURES.items():
+        if start.startswith(signature):
+            raise CheckpointError(f"{path} is a {kind} picture, not a checkpoint")
     try:
         ## weights_only=True unpickles only tensors and plain containers. A pickle can otherwise
         ## name any function to call while loading, so a downloaded .pt file could run code.
@@ -425,9 +407,7 @@ def load_mnist(data_dir: str | Path, train: bool, download: bool = True,
 def read_idx(path: str | Path) -> torch.Tensor:
     """Read an IDX file of bytes (MNIST's format) into a uint8 tensor of the shape it states."""
     with open(path, "rb") as f:
-        ndim = f.read(4)[3]  # bytes 0-2: zero, zero, 0x08 (unsigned bytes); byte 3: dimensions
-        dims = f.read(4 * ndim)
-        shape = [int.from_bytes(dims[i : i + 4], "big") for i in range(0, 4 * ndim, 4)]
+        shape = _idx_shape(f)  # load_mnist has checked the file with _idx_problem
         data = bytearray(math.prod(shape))
         f.readinto(data)  # straight into the buffer the tensor will use: no second copy
     return torch.frombuffer(data, dtype=torch.uint8).view(shape) if data else torch.zeros(
@@ -484,20 +464,27 @@ def download_reason(err: BaseException) -> str:
 
 def _idx_problem(path: Path) -> str | None:
     """Say what is wrong with an IDX file (MNIST's format), or return None if it looks whole."""
-    size = path.stat().st_size
     with open(path, "rb") as f:
-        header = f.read(4)
-        ## Magic number: two zero bytes, 0x08 (unsigned bytes), then the number of dimensions.
-        if len(header) < 4 or header[:3] != b"\x00\x00\x08" or not 1 <= header[3] <= 3:
-            return "not an IDX file of bytes: wrong magic number"
-        dims = f.read(4 * header[3])
-    if len(dims) < 4 * header[3]:
-        return "truncated inside its header"
-    shape = [int.from_bytes(dims[i:i + 4], "big") for i in range(0, len(dims), 4)]
-    expected = 4 + len(dims) + math.prod(shape)
+        shape = _idx_shape(f)
+        header = f.tell()
+    if isinstance(shape, str):
+        return shape
+    expected, size = header + math.prod(shape), path.stat().st_size
     if size != expected:
         return f"{size:,} bytes where its header promises {expected:,}: truncated or padded"
     return None
+
+
+def _idx_shape(f) -> list[int] | str:
+    """Read an IDX header from the open file `f`: the shape it states, or what is wrong."""
+    magic = f.read(4)
+    ## Magic number: two zero bytes, 0x08 (unsigned bytes), then the number of dimensions.
+    if len(magic) < 4 or magic[:3] != b"\x00\x00\x08" or not 1 <= magic[3] <= 3:
+        return "not an IDX file of bytes: wrong magic number"
+    dims = f.read(4 * magic[3])  # each dimension's size: 4 bytes, most significant first
+    if len(dims) < 4 * magic[3]:
+        return "truncated inside its header"
+    return [int.from_bytes(dims[i : i + 4], "big") for i in range(0, len(dims), 4)]
 
 
 def check_labels(labels: torch.Tensor, num_classes: int, where: str = "the labels") -> None:

@@ -35,6 +35,7 @@ import importlib.util
 import io
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -176,7 +177,7 @@ DATASETS = {
 def setup_system(args: argparse.Namespace) -> tuple[int, int, torch.device]:
     """Join torchrun's processes (if any), seed, and set deterministic mode and TF32."""
     device = common.get_device(args.device)  # "auto": the accelerator if there is one
-    if args.device == "auto" and device.type == "cpu" and (note := common.missing_gpu_note()):
+    if args.device == "auto" and device.type == "cpu" and (note := missing_gpu_note()):
         if os.environ.get("RANK", "0") == "0":  # one note, not one per process under torchrun
             print(note)
     try:
@@ -193,6 +194,22 @@ def setup_system(args: argparse.Namespace) -> tuple[int, int, torch.device]:
         ## on Ampere and newer GPUs, and no visible change in accuracy for a model like this.
         torch.set_float32_matmul_precision("high")
     return rank, world, device
+
+
+def missing_gpu_note() -> str | None:
+    """A note for when no accelerator is usable although an NVIDIA driver is installed."""
+    ## The tool that comes with the driver is looked up, never run: running it takes seconds.
+    if shutil.which("nvidia-smi") is None:
+        return None
+    if torch.version.cuda is None:
+        return ("note: an NVIDIA driver is installed (nvidia-smi), but this PyTorch "
+                f"({torch.__version__}) is a CPU-only build, so this runs on the CPU. For the "
+                "GPU, install PyTorch's CUDA build: the command for your system is on "
+                "https://pytorch.org/get-started/locally/ (on Windows, pip's default is CPU-only)")
+    return (f"note: an NVIDIA driver is installed (nvidia-smi) and this PyTorch is built for CUDA "
+            f"{torch.version.cuda}, but it finds no usable GPU, so this runs on the CPU. Run "
+            "nvidia-smi: if it fails, reinstall the driver; if it works, the driver may be too "
+            f"old for CUDA {torch.version.cuda}, or CUDA_VISIBLE_DEVICES hides the GPU")
 
 
 def make_deterministic() -> None:
@@ -462,9 +479,6 @@ def prepare_for_training(model: nn.Module, compile: bool, world: int,
 
 def compile_problem(device: torch.device) -> str | None:
     """Why torch.compile cannot work here, found before any work, or None."""
-    import importlib.util
-    import shutil
-
     ## torch.compile turns the model into new code that it then compiles: C++ on the CPU,
     ## Triton kernels on NVIDIA GPUs. Without a compiler it fails at the first forward pass.
     if device.type == "cuda" and importlib.util.find_spec("triton") is None:
@@ -558,8 +572,8 @@ def confusion_matrix(guesses: torch.Tensor, truth: torch.Tensor, classes: int = 
 def format_confusion_matrix(counts: torch.Tensor, names: list[str] | None = None) -> str:
     """The matrix as a table, with each class's accuracy and the most frequent confusions."""
     classes = len(counts)
-    names = names or [str(c) for c in range(classes)]
-    digits = names == [str(c) for c in range(classes)]
+    digits = names is None or names == DATASETS["mnist"][1]
+    names = names or DATASETS["mnist"][1]
     kind = "digit" if digits else "class"
     lines = [f"confusion matrix of the best model on the test set (rows: true {kind}, columns: "
              f"predicted {kind})"]
@@ -582,7 +596,7 @@ def report_mistakes(path: Path, images: torch.Tensor, guesses: torch.Tensor,
                     truth: torch.Tensor, dry_run: bool, names: list[str] | None = None,
                     limit: int = 64) -> None:
     """Save a labelled grid of the first `limit` misclassified images, and say where."""
-    names = names or [str(c) for c in range(10)]
+    names = names or DATASETS["mnist"][1]
     wrong = (guesses != truth).nonzero().flatten()
     if dry_run:
         print("mistakes picture: not written in a dry run")
