@@ -11,30 +11,36 @@ REPO = Path(__file__).resolve().parent.parent
 ## torchvision's import costs seconds (its models and ops pull in PyTorch's compiler), and a
 ## run with MNIST on disk needs none of it. One process runs each script's real work in turn,
 ## and reports after each whether any torchvision module was imported.
+## Each script also freezes the objects that live until exit (gc.freeze: a faster exit, and
+## full collections that skip them); gc.unfreeze() before each run tells the runs apart.
 WHOLE_RUNS = """
-import sys
+import gc, sys
 def torchvision_imported():
     return any(m.startswith("torchvision") for m in sys.modules)
+def frozen():
+    return gc.get_freeze_count() > 100_000
 import mnist_train, predict, synthetic_train
-print("import", torchvision_imported())
+print("import", torchvision_imported(), frozen())
 rc = mnist_train.main(["--data-dir", DATA, "--val-size", "200", "--epochs", "1",
                        "--save-path", OUT + "/m.pt"])
-print("mnist_train", rc, torchvision_imported())
+print("mnist_train", rc, torchvision_imported(), frozen())
+gc.unfreeze()
 rc = predict.main(["--checkpoint", OUT + "/m.pt", OUT + "/three.png"])
-print("predict", rc, torchvision_imported())
+print("predict", rc, torchvision_imported(), frozen())
+gc.unfreeze()
 sys.argv = ["synthetic_train.py", "--epochs", "1", "--samples", "256"]
 synthetic_train.main()
-print("synthetic_train", torchvision_imported())
+print("synthetic_train", torchvision_imported(), frozen())
 """
 
 
-def test_the_scripts_import_no_torchvision_and_a_whole_run_does_not_either(tiny_mnist, tmp_path):
+def test_the_scripts_import_no_torchvision_and_freeze_what_lives_until_exit(tiny_mnist, tmp_path):
     digit_picture(3).save(tmp_path / "three.png")
     code = f"DATA, OUT = {str(tiny_mnist)!r}, {str(tmp_path)!r}\n" + WHOLE_RUNS
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=600)
     reports = [line for line in proc.stdout.splitlines()
                if line.split()[0] in ("import", "mnist_train", "predict", "synthetic_train")]
-    assert reports == ["import False", "mnist_train 0 False", "predict 0 False",
-                       "synthetic_train False"], proc.stderr[-2000:]
+    assert reports == ["import False False", "mnist_train 0 False True", "predict 0 False True",
+                       "synthetic_train False True"], proc.stderr[-2000:]
     assert (tmp_path / "m_mistakes.png").exists()  # the mistakes picture was drawn, by Pillow
