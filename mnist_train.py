@@ -95,12 +95,10 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     ## `model` is what we evaluate and save; `train_model` is the same model, wrapped in DDP
     ## under torchrun so that backward() also averages gradients across processes.
     train_model = prepare_for_training(model, args.compile, world, device)
-    ## Start-up cost. Python frees an object as soon as nothing refers to it; only groups of
-    ## objects that refer to each other need its garbage collector, which finds them by walking
-    ## every object it tracks, at each full collection and once more at exit. `import torch`,
-    ## and torch._dynamo that the optimizer's first call imports, made ~300,000 objects that
-    ## live until exit: gc.freeze() takes them out of those walks (see "Start-up" in the
-    ## README). Garbage made from here on is still collected.
+    ## Start-up cost: Python's garbage collector (for objects that refer to each other) walks
+    ## every object it tracks at each full collection and at exit. The ~300,000 objects of
+    ## `import torch` and of torch._dynamo (the optimizer imported it) live until exit anyway:
+    ## freeze them out of those walks ("Start-up" in the README). Later garbage is collected.
     gc.freeze()
 
     # 5. training loop -------------------------------------------------------------------------
