@@ -1,5 +1,8 @@
-"""mnist_train.py under torchrun: 2 CPU processes with the gloo backend, on the tiny MNIST."""
+"""mnist_train.py under torchrun: 2 CPU processes with the gloo backend, on the tiny MNIST; and
+leaving the process group cleanly."""
 
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +79,33 @@ def test_two_processes_with_batch_b_match_one_process_with_batch_2b(two_process_
                                 read_csv(single.with_suffix(".csv"))):
         for key in ("train_loss", "val_loss"):
             assert float(ddp_row[key]) == pytest.approx(float(one_row[key]), rel=1e-4), key
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(),
+                    reason="lists threads through Linux's /proc")
+def test_leaving_the_process_group_stops_gloos_threads(tmp_path):
+    ## A thread of gloo still running while Python shuts down can abort a finished run at exit.
+    ## torch.optim imports torch._dynamo after the group exists; that import must not keep the
+    ## group alive (see common.init_distributed). One process, so no torchrun is needed.
+    with socket.socket() as s:  # a free port for the group's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = (
+        "import os, torch, common, mnist_train\n"
+        "rank, world, device = common.init_distributed(torch.device('cpu'))\n"
+        "model = common.build_model('mlp')\n"
+        "optimizer = mnist_train.make_optimizer('adam', model.parameters(), 1e-3, device)\n"
+        "ddp = mnist_train.prepare_for_training(model, False, world, device)\n"
+        "ddp(torch.randn(4, 1, 28, 28)).sum().backward()\n"
+        "optimizer.step()\n"
+        "del ddp, model, optimizer\n"
+        "common.cleanup_distributed()\n"
+        "print(sorted(open(f'/proc/self/task/{t}/comm').read().strip()\n"
+        "             for t in os.listdir('/proc/self/task')))\n")
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    threads = proc.stdout.strip()
+    assert "gloo" not in threads, threads
