@@ -701,11 +701,11 @@ def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
     if sys.platform == "win32":
         os.environ.setdefault("USE_LIBUV", "0")
     backend = "nccl" if device.type == "cuda" and sys.platform != "win32" else "gloo"
-    ## Imported before the group exists, on purpose. Its functions take `group=WORLD` as a
-    ## default, fixed when the module is first imported; torch.optim imports it later through
-    ## torch._dynamo, and the defaults would then hold the group for good. destroy_process_group()
-    ## could not stop gloo's threads, which then run while Python shuts down: that aborted a
-    ## finished run at exit about once in 80 here ("terminate called without an active exception").
+    ## Imported here, before the group exists, on purpose: its functions have `group=WORLD` as
+    ## a default argument, and Python computes a default once, when the module is imported.
+    ## Imported later (torch.optim does, through torch._dynamo), they would hold the group for
+    ## good: destroy_process_group() could not stop gloo's threads, and a thread still running
+    ## as Python shut down aborted a finished run at exit about once in 80 here.
     import torch.distributed.nn as _  # noqa: F401  (`as _` keeps `torch` global in this function)
 
     dist.init_process_group(backend)
