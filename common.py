@@ -701,12 +701,15 @@ def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
     if sys.platform == "win32":
         os.environ.setdefault("USE_LIBUV", "0")
     backend = "nccl" if device.type == "cuda" and sys.platform != "win32" else "gloo"
-    ## Imported here, before the group exists, on purpose: its functions have `group=WORLD` as
-    ## a default argument, and Python computes a default once, when the module is imported.
-    ## Imported later (torch.optim does, through torch._dynamo), they would hold the group for
-    ## good: destroy_process_group() could not stop gloo's threads, and a thread still running
-    ## as Python shut down aborted a finished run at exit about once in 80 here.
-    import torch.distributed.nn as _  # noqa: F401  (`as _` keeps `torch` global in this function)
+    ## Imported here, before the group exists, on purpose. torch.distributed.nn's functions
+    ## take `group=WORLD` as a default argument, and Python evaluates a default once, when the
+    ## module is imported: None before init_process_group, the group itself after. Creating
+    ## the optimizer imports that module (through torch._dynamo); imported after init, those
+    ## defaults would keep the group alive for good, and its gloo threads, which stop only when
+    ## the group is freed, would still run as Python shuts down: that aborted a finished run at
+    ## exit about once in 80 on this project's test machine. (`as _`: a plain `import
+    ## torch.distributed.nn` would make `torch` a local name here, breaking `torch.cuda` above.)
+    import torch.distributed.nn as _  # noqa: F401
 
     dist.init_process_group(backend)
     return dist.get_rank(), dist.get_world_size(), device

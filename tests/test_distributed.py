@@ -85,8 +85,10 @@ def test_two_processes_with_batch_b_match_one_process_with_batch_2b(two_process_
                     reason="lists threads through Linux's /proc")
 def test_leaving_the_process_group_stops_gloos_threads(tmp_path):
     ## A thread of gloo still running while Python shuts down can abort a finished run at exit.
-    ## torch.optim imports torch._dynamo after the group exists; that import must not keep the
-    ## group alive (see common.init_distributed). One process, so no torchrun is needed.
+    ## Creating the optimizer imports torch.distributed.nn after the group exists; without the
+    ## early import in common.init_distributed, that module would keep the group, and its
+    ## threads, alive after cleanup_distributed(). The script prints the names of its threads
+    ## (Linux keeps each one's in /proc/self/task/<id>/comm). One process: no torchrun needed.
     with socket.socket() as s:  # a free port for the group's rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
