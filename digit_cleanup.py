@@ -523,6 +523,12 @@ def blobs(labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def components(mask: torch.Tensor) -> torch.Tensor:
     """Label 8-connected regions of a boolean mask: 0 = background, 1, 2, ... = regions."""
+    labels = torch.zeros(mask.shape, dtype=torch.long)
+    if not mask.any():
+        return labels
+    ## Only the box around the True pixels needs the work below: on a photo, often a quarter.
+    top, bottom, left, right = bounding_box(mask)
+    mask = mask[top:bottom, left:right]
     h, w = mask.shape
     ## 1. Runs: the stretches of True pixels in each row, each given by its row and its first
     ##    and last column. A stroke is a few runs per row, whatever its length.
@@ -564,7 +570,8 @@ def components(mask: torch.Tensor) -> torch.Tensor:
     starts[torch.tensor(rows, dtype=torch.long) * w + torch.tensor(first, dtype=torch.long)] = 1
     run = starts.cumsum(0) - 1  # for every pixel, the last run that started at or before it
     lut = torch.tensor([0] + region_of_run, dtype=torch.long)
-    return (lut[run + 1] * mask.flatten()).view(h, w)
+    labels[top:bottom, left:right] = (lut[run + 1] * mask.flatten()).view(h, w)
+    return labels
 
 
 def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
