@@ -560,14 +560,18 @@ def flood_fill_regions(mask):
 
 def test_components_finds_exactly_the_regions_a_flood_fill_finds():
     g = torch.Generator().manual_seed(0)
-    for _ in range(50):
+    for i in range(50):
         h, w = torch.randint(1, 40, (2,), generator=g).tolist()
         mask = torch.rand(h, w, generator=g) < torch.rand(1, generator=g).item()
+        if i % 2:  # ink in a box with empty margins, as on a photo (components() crops to it)
+            mask = F.pad(mask, torch.randint(0, 9, (4,), generator=g).tolist())
         labels = digit_cleanup.components(mask)
         found = {frozenset(map(tuple, (labels == k).nonzero().tolist()))
                  for k in range(1, int(labels.max()) + 1)}
         assert found == flood_fill_regions(mask)
         assert set(labels.unique().tolist()) <= set(range(len(found) + 1))
+    assert digit_cleanup.components(torch.zeros(5, 7, dtype=torch.bool)).equal(
+        torch.zeros(5, 7, dtype=torch.long))
 
 
 def test_the_sample_pictures_are_what_their_script_draws_and_each_holds_one_digit():
