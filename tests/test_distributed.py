@@ -83,7 +83,7 @@ def test_two_processes_with_batch_b_match_one_process_with_batch_2b(two_process_
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(),
                     reason="lists threads through Linux's /proc")
-def test_leaving_the_process_group_stops_gloos_threads(tmp_path):
+def test_leaving_the_process_group_stops_gloos_threads():
     ## A thread of gloo still running while Python shuts down can abort a finished run at exit.
     ## Creating the optimizer imports torch.distributed.nn after the group exists; without the
     ## early import in common.init_distributed, that module would keep the group, and its
