@@ -15,11 +15,13 @@ checkpoint functions lean on each other and on the "writing files safely" sectio
 sections whole, or call torch.save and torch.load(weights_only=True) yourself.
 
 The second half is plumbing that the scripts share and a reader can skip: reading the MNIST
-files, batches cut from tensors in memory, writing files safely, and torchrun.
+files, batches cut from tensors in memory, writing files safely, the scripts' --help, and
+torchrun.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import math
 import os
@@ -665,6 +667,20 @@ def replace_retrying(source: Path, target: Path, tries: int = 5) -> None:
             if attempt == tries:
                 raise
             time.sleep(0.1 * attempt)
+
+
+# ---------------------------------------------------------------------------------------------
+# command lines
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with each option's default, except None and False: "(default: None)" says
+    nothing, and contradicts a help text that describes the default itself."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
 
 
 # ---------------------------------------------------------------------------------------------

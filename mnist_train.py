@@ -91,7 +91,8 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
 
     if main_process:
-        sanity_report(args.model, model, val_loader, criterion, device, [len(s) for s in splits])
+        sanity_report(args.model, model, val_loader, criterion, device, [len(s) for s in splits],
+                      untrained=not args.resume)  # --resume: its weights come back in step 5
     ## `model` is what we evaluate and save; `train_model` is the same model, wrapped in DDP
     ## under torchrun so that backward() also averages gradients across processes.
     train_model = prepare_for_training(model, args.compile, world, device)
@@ -436,11 +437,10 @@ def make_optimizer(name: str, params, lr: float, device: torch.device) -> torch.
     raise ValueError(f"unknown optimizer {name!r}; choose adam or sgd")
 
 
-def sanity_report(model_name, model, loader, criterion, device, sizes) -> None:
-    """Print what to look at first when training fails: versions, device, shapes, initial loss."""
+def sanity_report(model_name, model, loader, criterion, device, sizes, untrained=True) -> None:
+    """Print what to look at first when training fails: versions, device, shapes, and the
+    initial loss of an `untrained` model."""
     inputs, targets = next(iter(loader))
-    with torch.no_grad():
-        loss = criterion(model(inputs.to(device)), targets.to(device)).item()
     params = sum(p.numel() for p in model.parameters())
     print(f"PyTorch {torch.__version__} | device {device} | {model_name} with {params:,} "
           f"parameters | {sizes[0]:,} train / {sizes[1]:,} val / {sizes[2]:,} test images")
@@ -451,6 +451,10 @@ def sanity_report(model_name, model, loader, criterion, device, sizes) -> None:
     print(f"batch: inputs {list(inputs.shape)} {dtype(inputs)} in [{inputs.min():.2f}, "
           f"{inputs.max():.2f}], labels {list(targets.shape)} {dtype(targets)} in "
           f"{targets.min()}..{targets.max()}")
+    if not untrained:
+        return
+    with torch.no_grad():
+        loss = criterion(model(inputs.to(device)), targets.to(device)).item()
     ## An untrained classifier spreads its bets evenly: p = 1/10 per class, loss = -ln(1/10).
     print(f"initial loss {loss:.4f} (an untrained 10-class model should be near ln(10) = "
           f"{math.log(10):.4f})")
@@ -655,7 +659,7 @@ def write_png(path: Path, image: Image.Image) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=common.HelpFormatter)
     # training
     parser.add_argument("--epochs", type=positive(int), default=5, help="passes over the data")
     parser.add_argument("--batch-size", type=positive(int), default=64,
@@ -801,8 +805,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))  # exits with code 2, like the other argument errors
     except KeyboardInterrupt:
         if common.is_main_process():
-            print(f"\ninterrupted: stopped. {outputs.on_disk(run_files.resume_command(args))}",
-                  file=sys.stderr)
+            go_on = run_files.resume_command(args, parser)
+            print(f"\ninterrupted: stopped. {outputs.on_disk(go_on)}", file=sys.stderr)
         return 130
     except FloatingPointError as err:  # the loss became NaN or inf
         print(f"error{where}: {err} With this script: --lr {args.lr / 10:g} or --clip-grad 1.0. "

@@ -239,7 +239,7 @@ def page_answer(model: torch.nn.Module, checkpoint: dict, device: torch.device):
 # the command line, and saving what the model saw ---------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=common.HelpFormatter)
     parser.add_argument("images", nargs="*", type=Path, help="image files (PNG, JPEG, ...)")
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="a checkpoint written by mnist_train.py (default: "

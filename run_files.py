@@ -14,6 +14,8 @@ import argparse
 import contextlib
 import io
 import os
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -199,13 +201,35 @@ def resume_training(state: dict, model: nn.Module, optimizer: torch.optim.Optimi
     return best_acc, best_epoch, state["history"], state["epoch"] + 1
 
 
-def resume_command(args: argparse.Namespace) -> str:
-    """The command that goes on with this run: the flags that name its files, and --resume."""
-    flags = [f"--save-path {args.save_path}"] if args.save_path else []
+## Where and how a run runs, rather than what it trains: the data folder, the device, the logs.
+## These are not saved with the run, so the command that goes on with it repeats them.
+HOW_IT_RUNS = ("data_dir", "device", "num_workers", "test_batch_size", "log_interval",
+               "tensorboard", "compile", "deterministic")
+
+
+def resume_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    """The command that goes on with this run: the flags that name its files, the flags of
+    HOW_IT_RUNS that differ from their defaults, and --resume."""
+    flags = [f"--save-path {shell_word(args.save_path)}"] if args.save_path else []
     flags += [f"--model {args.model}"] if args.model != "mlp" and not args.save_path else []
     flags += ([f"--dataset {args.dataset}"] if args.dataset != "mnist" and not args.save_path
               else [])
-    return " ".join(["python mnist_train.py", *flags, "--resume"])
+    for name in HOW_IT_RUNS:
+        value, flag = getattr(args, name), "--" + name.replace("_", "-")
+        if value != parser.get_default(name):
+            flags.append(flag if value is True else f"{flag} {shell_word(value)}")
+    start, world = "python", int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:  # under torchrun: as many processes again
+        start = (f"torchrun --standalone --nproc_per_node={world}"
+                 if os.environ.get("LOCAL_WORLD_SIZE") == str(world)  # all on this machine
+                 else "torchrun <this run's torchrun options>")  # several machines
+    return " ".join([start, "mnist_train.py", *flags, "--resume"])
+
+
+def shell_word(value) -> str:
+    """`value` as one word of a command line, quoted if it needs it (a space in a path)."""
+    text = str(value)
+    return subprocess.list2cmdline([text]) if os.name == "nt" else shlex.quote(text)
 
 
 def was_dry_run(path: Path) -> bool:

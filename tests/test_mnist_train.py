@@ -1,5 +1,6 @@
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from PIL import Image
 
 import common
 import mnist_train
+import predict
 import run_files
 
 REPO = Path(__file__).resolve().parent.parent
@@ -307,7 +309,8 @@ def test_ctrl_c_says_what_is_on_disk_and_the_earlier_model_stays_findable(tiny_m
     assert err == (f"interrupted: stopped. {save_path} holds this run's best model so far "
                    f"(epoch 1, val acc {acc:.4f}), complete and loadable; the earlier run's "
                    f"model is kept as {kept}. To go on from the last epoch saved: python "
-                   f"mnist_train.py --save-path {save_path} --resume.")
+                   f"mnist_train.py --save-path {save_path} --data-dir {tiny_mnist} "
+                   "--log-interval 5 --resume.")
     assert kept.read_bytes() == earlier
 
 
@@ -540,22 +543,45 @@ def test_a_resumed_run_ends_exactly_where_an_uninterrupted_one_does(tiny_mnist, 
                                                                     monkeypatch, capsys, flags):
     ## On a CPU: the same weights, the same optimizer state, the same random numbers (dropout,
     ## augmentation), the same shuffles, so the same checkpoint, bit for bit.
-    whole, broken = tmp_path / "whole.pt", tmp_path / "broken.pt"
+    whole, broken = tmp_path / "whole.pt", tmp_path / "my runs" / "broken.pt"
     assert train(tiny_mnist, whole, "--epochs", "3", *flags) == 0
     with monkeypatch.context() as patch:
         interrupt_after_epoch(patch, 1)
         assert train(tiny_mnist, broken, "--epochs", "3", *flags) == 130
-    err = capsys.readouterr().err
-    assert f"To go on from the last epoch saved: python mnist_train.py --save-path {broken} " \
-           "--resume." in err
-    ## --resume takes the run's settings (model, augment, epochs) from its saved state
-    assert mnist_train.main(["--data-dir", str(tiny_mnist), "--save-path", str(broken),
-                             "--resume"]) == 0
+    ## The printed command, as a shell would split it, goes on with the run: it names the
+    ## run's file (quoted: the folder has a space) and its data folder. --resume takes the
+    ## run's settings (model, augment, epochs) from its saved state.
+    command = capsys.readouterr().err.split("To go on from the last epoch saved: ")[1]
+    words = shlex.split(command.strip().removesuffix("."))
+    assert words == ["python", "mnist_train.py", "--save-path", str(broken), "--data-dir",
+                     str(tiny_mnist), "--log-interval", "5", "--resume"]
+    assert mnist_train.main(words[2:]) == 0
     out = capsys.readouterr().out
     assert f"resuming {broken}: epochs 2 to 3" in out and "epoch 1/3" not in out
     assert "an earlier run's files are kept" not in out  # the same run: nothing renamed
+    assert "PyTorch " in out and "initial loss" not in out  # its model is not untrained
     assert broken.read_bytes() == whole.read_bytes()
     assert without_seconds(broken.with_suffix(".csv")) == without_seconds(whole.with_suffix(".csv"))
+
+
+def test_the_resume_command_repeats_how_the_run_ran_and_under_torchrun_how_many_ran(
+        monkeypatch):
+    parser = mnist_train.build_parser()
+
+    def command(*argv):
+        return run_files.resume_command(parser.parse_args(list(argv)), parser)
+
+    ## What the run trains (--lr, --model) is saved with it; where and how it ran is not.
+    assert command("--lr", "0.01", "--model", "cnn") == "python mnist_train.py --model cnn --resume"
+    assert command("--save-path", "a.pt", "--device", "cpu", "--compile", "--tensorboard",
+                   "runs/x", "--lr", "0.01") == ("python mnist_train.py --save-path a.pt "
+                                                "--device cpu --tensorboard runs/x --compile "
+                                                "--resume")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert command() == "torchrun --standalone --nproc_per_node=4 mnist_train.py --resume"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two machines: their options are not known here
+    assert command() == "torchrun <this run's torchrun options> mnist_train.py --resume"
 
 
 def test_a_finished_run_can_be_resumed_for_more_epochs(tiny_mnist, tmp_path, capsys):
@@ -894,4 +920,15 @@ def test_ctrl_c_in_a_resumed_run_names_its_best_model_and_how_to_go_on(tiny_mnis
     assert capsys.readouterr().err.strip() == (
         f"interrupted: stopped. {path} holds this run's best model so far (epoch "
         f"{best['epoch']}, val acc {best['val_accuracy']:.4f}), complete and loadable. To go on "
-        f"from the last epoch saved: python mnist_train.py --save-path {path} --resume.")
+        f"from the last epoch saved: python mnist_train.py --save-path {path} --data-dir "
+        f"{tiny_mnist} --log-interval 5 --resume.")
+
+
+@pytest.mark.parametrize(("build_parser", "a_default"), [
+    (mnist_train.build_parser, "be large) (default: 1000)"),
+    (predict.build_parser, "--port PORT with --serve (default: 8000)")])
+def test_help_shows_each_real_default_and_no_empty_one(build_parser, a_default):
+    ## "(default: None)" would contradict help texts such as --hidden's "(default 128 64)".
+    text = " ".join(build_parser().format_help().split())  # argparse wraps lines anywhere
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert a_default in text  # a real default is still shown
