@@ -10,8 +10,16 @@
 
 The first half is the lesson: seeding, the device, the models, the training loop, checkpoints.
 set_seed, get_device, MLP, CNN, train_one_epoch and evaluate each work when pasted alone into a
-file that imports only the standard library (math, random, collections.abc) and torch. The
-checkpoint functions lean on each other and on the "writing files safely" section: copy both
+file that starts with these imports (tests/test_common.py pastes each one that way):
+
+    import math
+    import random
+    from collections.abc import Callable, Iterable, Sequence
+
+    import torch
+    from torch import nn
+
+The checkpoint functions lean on each other and on the "writing files safely" section: copy both
 sections whole, or call torch.save and torch.load(weights_only=True) yourself.
 
 The second half is plumbing that the scripts share and a reader can skip: reading the MNIST

@@ -14,6 +14,8 @@ seconds in all, most of it `import torch`; each picture takes milliseconds):
     checkpoints/mnist_mlp.pt: mlp 784-128-64-10, epoch 4, val acc 0.9718
     samples/photo_3.jpg: 3 (100.0%)
 
+(epoch 4: the checkpoint holds the epoch with the best validation accuracy, not the last one.)
+
 A model only knows the kind of images it was trained on: MNIST digits are white on black,
 about 20x20 pixels inside a 28x28 frame, centred by their centre of mass. A phone photo of a
 digit is none of that, so each picture first goes through digit_cleanup.py, which turns any
@@ -57,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if args.save_input is not None and (problem := common.check_output_dir(args.save_input)):
         parser.error(f"--save-input {args.save_input}: {problem}")
-    try:  # the architecture, its sizes, the weights, and the normalisation used in training
+    ## The model, rebuilt and in eval mode, and the checkpoint: the dict that
+    ## common.save_checkpoint wrote, with the architecture ("model_name", "sizes"), the weights
+    ## ("state_dict"), the normalisation used in training ("mean", "std"), the best "epoch"
+    ## and its "val_accuracy", and the "dataset" and its "classes".
+    try:
         model, checkpoint = common.load_model(args.checkpoint, device)
     except common.CheckpointError as err:
         print(f"error: {checkpoint_problem(err, args, given)}", file=sys.stderr)
@@ -140,9 +146,10 @@ def classify(model: torch.nn.Module, digit: torch.Tensor, mean: float, std: floa
              device: torch.device) -> torch.Tensor:
     """The model's probability for each of its classes, given one 28 x 28 image (0..1)."""
     ## Normalise exactly as in training (the checkpoint records the mean and std it used), add
-    ## the batch and channel dimensions the model expects, and run it without autograd, in
-    ## eval mode (load_model() sets it; a copy of this function must too, or Dropout stays on).
-    inputs = ((digit - mean) / std)[None, None].to(device)
+    ## the batch and channel dimensions the model expects, and run it without autograd.
+    inputs = ((digit - mean) / std)[None, None].to(device)  # [28, 28] -> [1, 1, 28, 28]
+    ## Eval mode: Dropout off. load_model() already set it; this line keeps it so in a copy of
+    ## this function that gets its model elsewhere.
     model.eval()
     with torch.inference_mode():
         logits = model(inputs)

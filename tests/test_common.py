@@ -286,24 +286,34 @@ def test_an_empty_loader_is_a_clear_error():
         common.evaluate(nn.Linear(2, 2), [], nn.CrossEntropyLoss(), "cpu")
 
 
+## A file that pastes each piece alone, after the docstring's imports: exec() runs each one in
+## a namespace of its own, which holds those imports and nothing else.
 PASTED_ALONE = """
-import math
-from collections.abc import Callable, Iterable
-
-import torch
-from torch import nn
+import sys
 from torch.utils.data import DataLoader, TensorDataset
 
-assert "common" not in __import__("sys").modules
+IMPORTS, SOURCES = {imports!r}, {sources!r}
 
-{source}
 
-g = torch.Generator().manual_seed(0)
+def paste(name):
+    namespace = {{}}
+    exec(IMPORTS + "\\n\\n" + SOURCES[name], namespace)
+    return namespace[name]
+
+
+assert "common" not in sys.modules
+set_seed, get_device, MLP, CNN, train_one_epoch, evaluate = map(paste, SOURCES)
+import torch
+from torch import nn
+
+g = set_seed(0)  # a seeded generator, for the DataLoader's shuffle
+assert get_device("auto") == get_device() and get_device("cpu") == torch.device("cpu")
+digits = torch.randn(2, 1, 28, 28)
+assert MLP()(digits).shape == CNN()(digits).shape == (2, 10)
 x = torch.randn(600, 5, generator=g)
 y = (x[:, 0] + x[:, 1] > 0).long()  # two classes
 train = DataLoader(TensorDataset(x[:500], y[:500]), batch_size=32, shuffle=True, generator=g)
 val = DataLoader(TensorDataset(x[500:], y[500:]), batch_size=64)
-torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 2))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, 0.2, total_steps=3 * len(train))
@@ -315,14 +325,22 @@ print("accuracy", evaluate(model, val, nn.CrossEntropyLoss(), torch.device("cpu"
 """
 
 
-def test_train_one_epoch_and_evaluate_run_pasted_alone_into_a_torch_only_file(tmp_path):
+def test_the_lesson_pieces_run_pasted_alone_after_the_docstrings_imports(tmp_path):
     import inspect
+    import itertools
     import subprocess
     import sys
 
-    source = "\n\n".join(inspect.getsource(f) for f in (common.train_one_epoch, common.evaluate))
+    ## The indented import lines of common.py's docstring, after "starts with these imports".
+    after = common.__doc__.split("starts with these imports")[1].splitlines()[1:]
+    block = itertools.takewhile(lambda line: not line or line.startswith("    "), after)
+    imports = "\n".join(line.strip() for line in block).strip()
+    assert imports.startswith("import math") and imports.endswith("from torch import nn")
+    pieces = (common.set_seed, common.get_device, common.MLP, common.CNN,
+              common.train_one_epoch, common.evaluate)
+    sources = {piece.__name__: inspect.getsource(piece) for piece in pieces}
     script = tmp_path / "mine.py"
-    script.write_text(PASTED_ALONE.format(source=source))
+    script.write_text(PASTED_ALONE.format(imports=imports, sources=sources))
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": ""}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
