@@ -124,7 +124,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.flatten(1)  # [batch, 1, 28, 28] -> [batch, 784]: an MLP sees a flat vector
         for i in range(1, self.layers):
-            x = torch.relu(getattr(self, f"fc{i}")(x))  # no weights, same in training and eval
+            x = torch.relu(getattr(self, f"fc{i}")(x))  # ReLU: no weights, a plain function
         return getattr(self, f"fc{self.layers}")(x)  # raw scores (logits), one per class
 
 

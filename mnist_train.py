@@ -55,8 +55,11 @@ import run_files
 
 def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     """The lesson: data -> model -> loss -> optimizer -> training loop -> final test."""
+    ## torchrun (several GPUs) starts one copy of this script per GPU; each copy is a "rank",
+    ## 0 to world - 1. A plain `python mnist_train.py` is rank 0 of a world of 1.
     rank, world, device = setup_system(args)  # torchrun, seeding, deterministic mode, TF32
     main_process = rank == 0  # only rank 0 prints, writes files and saves checkpoints
+    ## --amp (mixed precision): most of the maths in 16-bit floats, faster on GPUs.
     amp_dtype = amp_dtype_for(args.amp, device)  # None: plain float32
     save_path, csv_path = outputs.checkpoint, outputs.csv  # checkpoints/mnist_mlp.pt and .csv
     if main_process:
@@ -71,8 +74,11 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     folder, classes = DATASETS[args.dataset]
     images, labels = common.load_mnist(args.data_dir, train=True, dataset=folder)
     test_images, test_labels = common.load_mnist(args.data_dir, train=False, dataset=folder)
+    ## Inputs are standardised to a mean of 0 and a spread of 1, the scale that the default
+    ## weight initialisation and learning rate suit. predict.py must apply the same numbers,
+    ## so they are saved in the checkpoint.
     mean, std = normalisation(args.dataset, images)  # of the 60,000 training pictures, 0..1
-    splits = choose_splits(args, len(labels), len(test_labels), world)  # (train, val, test)
+    splits = choose_splits(args, len(labels), len(test_labels), world)  # indices: train, val, test
     train_loader, val_loader, test_loader = make_loaders(
         args, images, labels, test_images, test_labels, splits, device, rank, world, (mean, std))
     del images  # the loaders hold what they need (test_images stay for the mistakes picture)
@@ -82,7 +88,10 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     model = common.build_model(args.model, **sizes).to(device)  # weights initialised as built
 
     # 3. loss ----------------------------------------------------------------------------------
-    criterion = nn.CrossEntropyLoss()  # log-softmax + negative log-likelihood, on raw logits
+    ## The model outputs 10 raw scores ("logits"); CrossEntropyLoss turns them into
+    ## probabilities itself (log-softmax, then the negative log of the true class's), so the
+    ## model must not end with a softmax of its own.
+    criterion = nn.CrossEntropyLoss()
 
     # 4. optimizer -----------------------------------------------------------------------------
     optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr, device)  # Adam
@@ -96,10 +105,11 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     ## `model` is what we evaluate and save; `train_model` is the same model, wrapped in DDP
     ## under torchrun so that backward() also averages gradients across processes.
     train_model = prepare_for_training(model, args.compile, world, device)
-    ## Start-up cost: Python's garbage collector (for objects that refer to each other) walks
-    ## every object it tracks at each full collection and at exit. The ~300,000 objects of
-    ## `import torch` and of torch._dynamo (the optimizer imported it) live until exit anyway:
-    ## freeze them out of those walks ("Start-up" in the README). Later garbage is collected.
+    ## Speed only: skip it on a first read. Python's garbage collector (for objects that refer
+    ## to each other) walks every object it tracks at each full collection and at exit. The
+    ## ~300,000 objects of `import torch` and of torch._dynamo (the optimizer imported it) live
+    ## until exit anyway: freeze them out of those walks ("Start-up" in the README). Garbage
+    ## made later is still collected.
     gc.freeze()
 
     # 5. training loop -------------------------------------------------------------------------
@@ -111,14 +121,16 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     with open_tensorboard(args.tensorboard if main_process else None) as writer:
         for epoch in range(first, epochs + 1):
             start = time.perf_counter()
-            train_loader.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+            ## The shuffle is seeded with --seed + epoch: the same order on every rank, and
+            ## again after --resume. (DistributedSampler would not reshuffle without it.)
+            train_loader.set_epoch(epoch)
             train_loss = common.train_one_epoch(
                 train_model, train_loader, criterion, optimizer, device, epoch=epoch,
                 log_interval=args.log_interval, amp_dtype=amp_dtype, scaler=scaler,
                 clip_grad=args.clip_grad, log=print if main_process else None)
             val_loss, val_acc = common.evaluate(model, val_loader, criterion, device,
                                                 amp_dtype=amp_dtype)
-            train_loss, val_loss, val_acc = reduce_metrics(  # whole-dataset numbers
+            train_loss, val_loss, val_acc = reduce_metrics(  # torchrun: over all ranks
                 train_loss, val_loss, val_acc, len(splits[1][rank::world]), world, device)
             ## Keep the epoch that does best on validation data, not the last one: later epochs
             ## can overfit. The save is atomic: an interrupted one leaves the previous file.
@@ -131,7 +143,9 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
                                 f"{seconds:.3f}", int(saved)])
                 with interrupts_deferred():  # no Ctrl-C between the checkpoint and its CSV
                     if saved:
-                        with outputs.keeping_earlier_run(epoch, val_acc):  # renamed, not lost
+                        ## At this run's first save, an earlier run's files at this path are
+                        ## renamed with their date, never written over.
+                        with outputs.keeping_earlier_run(epoch, val_acc):
                             common.save_checkpoint(save_path, model, model_name=args.model,
                                                    mean=mean, std=std, epoch=epoch,
                                                    val_accuracy=val_acc, sizes=sizes,
@@ -164,12 +178,13 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
         report_mistakes(outputs.mistakes, test_images[splits[2]], guesses, truth, args.dry_run,
                         classes)
         if not args.dry_run and len(splits[0]) >= 1000 and best_acc < 2 / len(classes):
-            print(did_not_learn(best_acc, len(classes), args.lr))
+            print(did_not_learn(best_acc, len(classes), args.lr, args.optimizer,
+                                [float(row[1]) for row in history]))  # the train losses
     common.wait_for_all_ranks()  # under torchrun the others wait for rank 0's test, then all end
 
 
 # ---------------------------------------------------------------------------------------------
-# The helpers train() calls, in the order it first calls them.
+# The helpers train() calls, roughly in the order it first calls them.
 
 ## --dataset: torchvision's folder name (DATA_DIR/<folder>/raw/), and the class names. Both are
 ## 28x28 gray pictures in 10 classes, in the same file format: swapping one for the other
@@ -192,7 +207,8 @@ def setup_system(args: argparse.Namespace) -> tuple[int, int, torch.device]:
     except ValueError as err:  # a machine that cannot run this under torchrun
         raise UsageError(str(err)) from None
     ## Seeds weight initialisation and dropout; the loaders shuffle with their own generators,
-    ## seeded from --seed too. Under torchrun, DDP copies rank 0's weights to the other ranks.
+    ## seeded from --seed too. + rank: each rank draws different dropout and augmentation; the
+    ## weights still start equal, as DDP copies rank 0's to the other ranks.
     common.set_seed(args.seed + rank)
     if args.deterministic:
         make_deterministic()
@@ -363,8 +379,11 @@ def make_loaders(args, images, labels, test_images, test_labels, splits, device,
     dataset = getattr(datasets, DATASETS[args.dataset][0])  # datasets.MNIST, or FashionMNIST
     train_set = dataset(args.data_dir, train=True, transform=transform)
     test_set = dataset(args.data_dir, train=False, transform=transform)
+    ## pin_memory: batches in page-locked memory, which a GPU copies from faster. (Big batches
+    ## also gain from .to(device, non_blocking=True), which overlaps the copy with the GPU's
+    ## work; an MNIST batch is 200 KB, tens of microseconds to copy, so the loop keeps .to().)
     options = dict(num_workers=args.num_workers, persistent_workers=args.num_workers > 0,
-                   pin_memory=device.type == "cuda")  # page-locked memory: faster GPU copies
+                   pin_memory=device.type == "cuda")
     train_subset = Subset(train_set, train_idx.tolist())
     ## DistributedSampler gives each rank its 1/world of every epoch's shuffled order (all of it
     ## when world is 1); its set_epoch() makes the new order each epoch.
@@ -403,7 +422,8 @@ def augment(images: torch.Tensor) -> torch.Tensor:
     theta = torch.stack([torch.stack([cos, -sin, shift_x], 1),
                          torch.stack([sin, cos, shift_y], 1)], 1)  # n x 2 x 3 affine matrices
     grid = F.affine_grid(theta, list(images.shape), align_corners=False)
-    ## "border" repeats the edge pixels, which are background, so no dark frame appears. Apple's
+    ## "border" repeats the edge pixels, which are background. "zeros" would fill with 0, which
+    ## after normalising is a light gray (the background is -0.42): a visible frame. Apple's
     ## GPUs lack it (pytorch/pytorch#125098): there, keep the grid on the edge pixels' centres.
     if device.type == "mps":
         edge = torch.tensor([1 - 1 / images.shape[3], 1 - 1 / images.shape[2]], device=device)
@@ -448,9 +468,9 @@ def sanity_report(model_name, model, loader, criterion, device, sizes, untrained
     def dtype(t):
         return str(t.dtype).removeprefix("torch.")
 
-    print(f"batch: inputs {list(inputs.shape)} {dtype(inputs)} in [{inputs.min():.2f}, "
-          f"{inputs.max():.2f}], labels {list(targets.shape)} {dtype(targets)} in "
-          f"{targets.min()}..{targets.max()}")
+    print(f"a validation batch: inputs {list(inputs.shape)} {dtype(inputs)} in "
+          f"[{inputs.min():.2f}, {inputs.max():.2f}], labels {list(targets.shape)} "
+          f"{dtype(targets)} in {targets.min()}..{targets.max()}")
     if not untrained:
         return
     with torch.no_grad():
@@ -463,14 +483,29 @@ def sanity_report(model_name, model, loader, criterion, device, sizes, untrained
               "input normalisation and the model's last layer (no softmax before the loss)")
 
 
-def did_not_learn(best_acc: float, classes: int, lr: float) -> str:
+def did_not_learn(best_acc: float, classes: int, lr: float, optimizer: str,
+                  train_losses: list[float]) -> str:
     """The warning for a run that stayed near chance, with what to check, in order."""
-    return (f"warning: the best validation accuracy, {best_acc:.4f}, is barely above chance "
+    ## Which way is the learning rate off? Too high, the steps overshoot and the loss jumps far
+    ## above ln(classes), where an untrained model starts. Otherwise, a rate outside the range
+    ## that usually works for the optimizer is the first suspect.
+    start, worst = math.log(classes), max(train_losses)
+    low, high, usual = {"adam": (1e-4, 1e-2, "Adam's usual 1e-4 to 1e-2"),
+                        "sgd": (1e-3, 1e-1, "SGD's usual 1e-3 to 1e-1")}[optimizer]
+    if worst > 2 * start:
+        rate = (f"the training loss reached {worst:.4g}, where an untrained model has ln({classes})"
+                f" = {start:.2f}: --lr {lr:g} is too high, try --lr {lr / 10:g}")
+    elif not low <= lr <= high:
+        way, better = ("higher", lr / 10) if lr > high else ("lower", lr * 10)
+        rate = f"--lr {lr:g} is {way} than {usual}: try --lr {better:g}"
+    else:
+        rate = (f"--lr {lr:g}: if the loss jumped, try --lr {lr / 10:g}; if it barely fell, "
+                f"--lr {lr * 10:g}")
+    return (f"warning: the best validation accuracy, {best_acc:.4f}, is near chance "
             f"({1 / classes:.2f} for {classes} classes): the model did not learn. Check, in this "
-            f"order: the learning rate (--lr {lr:g} is too high if the loss jumped or never fell: "
-            f"try --lr {lr / 10:g}); the labels (the sanity report shows their range); the input "
-            "normalisation (its input range); and whether the loop can learn at all: with "
-            "--subset 100 --epochs 50 the training loss should fall near 0.")
+            f"order: the learning rate ({rate}); the labels (the sanity report shows their "
+            "range); the input normalisation (its input range); and whether the loop can learn "
+            "at all: with --subset 100 --epochs 50 the training loss should fall near 0.")
 
 
 def prepare_for_training(model: nn.Module, compile: bool, world: int,

@@ -723,12 +723,33 @@ def test_a_run_that_stayed_at_chance_ends_with_the_checks_to_make(tmp_path, caps
     assert train(data, tmp_path / "n.pt", "--epochs", "1") == 0  # 1100 training images
     out = capsys.readouterr().out
     warning = [line for line in out.splitlines() if line.startswith("warning: the best")]
-    assert len(warning) == 1 and "barely above chance (0.10 for 10 classes)" in warning[0]
+    assert len(warning) == 1 and "near chance (0.10 for 10 classes)" in warning[0]
     assert "--lr" in warning[0] and "--subset 100" in warning[0] and "labels" in warning[0]
     ## a dry run, or a run on fewer than 1,000 images, is too short to tell
     assert train(data, tmp_path / "d.pt", "--dry-run") == 0
     assert train(data, tmp_path / "s.pt", "--epochs", "1", "--subset", "500") == 0
     assert "warning: the best" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("lr", "optimizer", "losses", "advice"), [
+    ## --lr 10 on MNIST: epoch 1's loss explodes, the later ones settle near ln(10)
+    (10.0, "adam", [240639.2, 730.2, 2.90, 2.98, 2.83],
+     "the training loss reached 2.406e+05, where an untrained model has ln(10) = 2.30: --lr 10 "
+     "is too high, try --lr 1"),
+    (0.5, "adam", [2.40], "--lr 0.5 is higher than Adam's usual 1e-4 to 1e-2: try --lr 0.05"),
+    (1e-7, "adam", [2.3215, 2.3190], "--lr 1e-07 is lower than Adam's usual 1e-4 to 1e-2: try "
+                                     "--lr 1e-06"),
+    (1e-4, "sgd", [2.31], "--lr 0.0001 is lower than SGD's usual 1e-3 to 1e-1: try --lr 0.001"),
+    ## A usual rate, and a loss at ln(10): the labels, say. Either way is possible.
+    (1e-3, "adam", [2.30], "--lr 0.001: if the loss jumped, try --lr 0.0001; if it barely fell, "
+                           "--lr 0.01"),
+])
+def test_the_did_not_learn_warning_says_which_way_the_learning_rate_is_off(lr, optimizer,
+                                                                           losses, advice):
+    ## Telling a rate that is too low to go lower still would be wrong advice.
+    warning = mnist_train.did_not_learn(0.09, 10, lr, optimizer, losses)
+    assert warning.startswith("warning: the best validation accuracy, 0.0900, is near chance")
+    assert f"the learning rate ({advice}); the labels" in warning
 
 
 def test_a_run_that_learned_gets_no_such_warning(tiny_mnist, tmp_path, capsys):
