@@ -90,7 +90,8 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     # 3. loss ----------------------------------------------------------------------------------
     ## The model outputs 10 raw scores ("logits"); CrossEntropyLoss turns them into
     ## probabilities itself (log-softmax, then the negative log of the true class's), so the
-    ## model must not end with a softmax of its own.
+    ## model must not end with a softmax of its own. (To predict a number rather than a class,
+    ## regression, the usual loss is nn.MSELoss: the mean squared difference.)
     criterion = nn.CrossEntropyLoss()
 
     # 4. optimizer -----------------------------------------------------------------------------

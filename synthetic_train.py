@@ -95,6 +95,8 @@ def main() -> None:
     parser.add_argument("--input-dim", type=int, default=20)
     parser.add_argument("--hidden-dim", type=int, default=64)
     parser.add_argument("--num-classes", type=int, default=4)
+    ## 0: batches are made in this process. A ClusterDataset item is one row of a tensor that
+    ## is already in memory, far cheaper than starting and feeding worker processes.
     parser.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps, xpu")
     parser.add_argument("--seed", type=int, default=0)

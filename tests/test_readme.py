@@ -15,8 +15,20 @@ def python_block_after(marker: str) -> str:
     return re.search(r"```python\n(.*?)```", README[README.index(marker):], re.S).group(1)
 
 
-def test_the_autograd_snippet_prints_what_its_comments_say(capsys):
+def test_the_tensor_snippet_prints_what_its_comments_say(capsys):
     code = python_block_after("### Tensors and autograd")
+    exec(compile(code, "README tensor snippet", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["torch.Size([2, 3]) torch.int64", "tensor([0.5000, 1.0000])", "10.5",
+                       "False", "True", "True"]
+    ## each printed line is the one its comment announces
+    claimed = [line.split("# ")[1].split(":")[0] for line in code.splitlines()
+               if line.startswith("print(")]
+    assert claimed == printed
+
+
+def test_the_autograd_snippet_prints_what_its_comments_say(capsys):
+    code = python_block_after("Autograd records what is computed")
     exec(compile(code, "README autograd snippet", "exec"), {})
     printed = capsys.readouterr().out.split("\n")
     claimed = re.findall(r"print\(x\.grad\)\s+# (tensor\(\[[\d.]+\]\))", code)
