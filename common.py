@@ -137,7 +137,9 @@ class CNN(nn.Module):
         c1, c2 = channels
         self.conv1 = nn.Conv2d(1, c1, kernel_size=3, padding=1)  # 28x28 -> pool -> 14x14
         self.conv2 = nn.Conv2d(c1, c2, kernel_size=3, padding=1)  # 14x14 -> pool -> 7x7
-        self.dropout = nn.Dropout(0.25)  # active in model.train(), a no-op in model.eval()
+        ## Dropout zeroes a random quarter of its inputs at each training step (and scales up the
+        ## rest), so the next layer cannot lean on any single feature. Off in model.eval().
+        self.dropout = nn.Dropout(0.25)
         self.fc1 = nn.Linear(c2 * 7 * 7, hidden)
         self.fc2 = nn.Linear(hidden, num_classes)
 
@@ -180,7 +182,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
     for batch, (inputs, targets) in enumerate(loader, start=1):
         inputs, targets = inputs.to(device), targets.to(device)  # no copy if already there
         ## 1. Clear the old gradients: backward() *adds* to .grad, it does not overwrite it.
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)  # None, not zeros: nothing to write, less memory
         ## 2-3. Forward pass and loss; with amp_dtype, autocast runs matmuls in 16 bits (AMP).
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             loss = criterion(model(inputs), targets)
@@ -190,8 +192,8 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
             ## 5. Optional: if the gradients' joint norm exceeds clip_grad, shrink them (spikes).
             if clip_grad is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
-            ## 6. Update the weights. In another order (step before backward, zero in between) no
-            ##    error is raised: the model just never learns. That is why the order matters.
+            ## 6. Update the weights. step() before backward(), or zero_grad() between them, raises
+            ##    no error: the model just never learns. That is why the order matters.
             optimizer.step()
         else:  # float16: steps 4-6 go through a GradScaler, as float16's range is narrow
             scaler.scale(loss).backward()  # loss x a big factor: small gradients stay above 0
