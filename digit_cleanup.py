@@ -12,8 +12,9 @@ the paper (light, shadows, ruled lines, specks) and gives it MNIST's size, strok
 position. A picture with no digit in it (blank, noise, a speck) gets a warning instead.
 
 predict.py and its page (`python predict.py --serve`) use this module; so does
-benchmarks/realistic_digits.py, which measures it. It reads top to bottom in the order the
-steps run: reading a picture, then turning it into an MNIST digit.
+benchmarks/realistic_digits.py, which measures it. It reads top to bottom: reading a picture,
+then preprocess(), the steps that turn it into an MNIST digit, then the helpers of those steps.
+("Mask", throughout: a boolean image, True where there is ink.)
 """
 
 import functools
@@ -48,11 +49,11 @@ class ImageProblem(Exception):
 
 
 def one_thread(function):
-    """Run `function` on one of torch's threads, and give the caller's setting back after."""
+    """Run `function` with torch limited to one thread, and give the caller's setting back."""
     ## The clean-up works on small tensors (a few hundred pixels across), where splitting an
     ## operation over several threads costs more than it saves. Worse, on a busy machine
     ## threads wait for each other: with a second process running, two threads on two cores
-    ## made the clean-up several times slower, one thread less than twice.
+    ## made the clean-up several times slower; with one thread, less than twice as slow as alone.
     @functools.wraps(function)
     def on_one_thread(*args, **kwargs):
         threads = torch.get_num_threads()
@@ -99,12 +100,14 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
     if max(img.size) < SPECK_EXTENT:
         raise ImageProblem(f"is only {img.width} x {img.height} pixels: too small to hold a digit")
     if (factor := math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))) > 1:
-        img = reduce_in_strips(img, factor)  # still huge: it was not a JPEG
+        img = reduce_in_strips(img, factor)  # not a JPEG, or more than draft()'s 1/8 could do
     img = ImageOps.exif_transpose(img)  # phones store "rotate me" in EXIF instead of rotating
     if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit or float grayscale
         x = torch.frombuffer(bytearray(img.convert("F").tobytes()), dtype=torch.float32)
         x = x.view(img.height, img.width).nan_to_num(0.0)
-        ## Such files do not say their white level: 65535 (16 bit), 255 (8 bit) or 1 (float).
+        ## The mode does not say which range the values use: some 16-bit files hold 0..255, and
+        ## float ones 0..1. The largest value decides (a 16-bit picture that stays below 256
+        ## throughout, nearly black, is read as if it were 8-bit).
         return x / (65535.0 if x.max() > 255 else 255.0 if x.max() > 1 else 1.0)
     if img.mode in ("RGBA", "LA", "PA", "P") or "transparency" in img.info:
         ## Transparent pixels have arbitrary colour underneath (often black, like the ink).
@@ -263,7 +266,8 @@ def already_mnist(gray: torch.Tensor) -> bool:
 
 
 def shrink(x: torch.Tensor, size: int) -> torch.Tensor:
-    """Scale down so the long side is at most `size` (area averaging keeps thin strokes)."""
+    """Scale down so the long side is at most `size`, averaging each area (a thin stroke fades
+    with the pixels around it, but it does not vanish, as it can when pixels are skipped)."""
     scale = size / max(x.shape)
     if scale >= 1:
         return x
@@ -411,7 +415,7 @@ def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
     lines = torch.zeros_like(small)
     for along in (0, 1):  # 0: horizontal lines, 1: vertical lines
         m = (small if along == 0 else small.T).float()[None, None]
-        run = max(8, m.shape[3] // 5) | 1  # odd: as many pixels on either side of the centre
+        run = max(8, m.shape[3] // 5) | 1  # odd, as the opening that long_runs replaced was
         smeared = F.max_pool2d(m, (3, 1), 1, (1, 0))[0, 0] > 0
         on_line = long_runs(smeared, run) & (m[0, 0] > 0)
         full_rows = on_line.float().mean(dim=1) > 0.6  # rows where a line spans the picture
@@ -485,20 +489,22 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     ## Pieces of the same digit (a "5" whose bar is detached, a broken pencil line) lie within
     ## half a digit of the main blob; specks and other marks lie further away or are tiny.
     size = max(bottom[main] - top[main], right[main] - left[main]) + 1
-    ## gap: empty rows or columns between each blob's box and the main blob's (0: they overlap)
+    ## gap: how far each blob's box is from the main blob's, in rows or columns (boxes' last
+    ## rows and columns included: 1 for boxes side by side, 0 for boxes that overlap)
     gap = torch.maximum(torch.maximum(top - bottom[main], top[main] - bottom),
                         torch.maximum(left - right[main], left[main] - right)).clamp(min=0)
     ## However small, a piece close to the digit's strokes is part of a stroke that broke
     ## apart, not a speck: a faint loop top that came out as a row of dashes. Widened by a
-    ## 32nd of the digit's size on each side (whole pixels: none under 32), such pieces
-    ## touch, dash by dash, and join the main blob.
+    ## 32nd of the digit's size on each side, in whole pixels (so a digit under 32 pixels
+    ## across is not widened), such pieces touch, dash by dash, and join the main blob.
     k = int(size) // 32 * 2 + 1  # odd: the window that widens
     joined = components(F.max_pool2d(small.float()[None, None], k, 1, k // 2)[0, 0] > 0)
     ## linked: the blobs inside the same widened region as the main blob
     linked = torch.zeros(count + 1, dtype=torch.bool)
     linked[labels[joined == joined[labels == main][0]].unique()] = True
-    ## Either kind stays only within half a digit (a chain of specks on grainy paper must not
-    ## spread over the page), and pieces at the border go, unless the digit is there too.
+    ## A piece stays if it has at least 5% of the main blob's area, or is linked; either kind
+    ## only within half a digit (a chain of specks on grainy paper must not spread over the
+    ## page). Pieces at the border go, unless the digit is there too.
     touches = edge_share > 0
     keep = ((gap <= size / 2) & ((area >= 0.05 * area[main]) | linked)
             & ~(touches & ~touches[main]))
@@ -604,8 +610,9 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     """Scale the cropped digit into MNIST's 20 x 20 box, with MNIST's stroke width."""
     ## Work at 4x the final size (an 80-pixel box), where stroke width can be measured and
     ## adjusted in whole pixels, then shrink by averaging 4x4 blocks: that gives the soft,
-    ## anti-aliased edges MNIST digits have. Measured the way stroke_width() measures, MNIST's
-    ## strokes are 1.3 to 3.1 px wide in the 20-px box for 90% of its digits, 2 px typically.
+    ## anti-aliased edges MNIST digits have. Measured the way stroke_width() measures, at this 4x
+    ## size and divided by 4, MNIST's strokes are 1.3 to 3.1 px wide in the 20-px box for 90% of
+    ## its digits, 2 px typically.
     big = fit(digit, DIGIT_BOX)
     big = big / big.flatten().quantile(0.99).clamp(min=1e-3)  # faint thin lines back to full ink
     big = F.pad(big.clamp(0, 1), (12, 12, 12, 12))  # black room for strokes to grow into
@@ -651,7 +658,9 @@ def fit(x: torch.Tensor, box: int) -> torch.Tensor:
 
 
 def stroke_width(mask: torch.Tensor) -> float:
-    """Average stroke width in pixels: area divided by half the outline's length."""
+    """Average stroke width in pixels: area divided by half the outline's length. The outline
+    pixels are ink too, so a line 1 or 2 pixels wide reads as 2: measure strokes several pixels
+    wide (mnist_strokes works at 4x for that)."""
     ## A stroke of width w and length L covers w x L pixels and has an outline of about 2 x L
     ## pixels (one edge on each side), so w = area / (outline / 2).
     m = mask.float()[None, None]
