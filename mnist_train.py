@@ -99,6 +99,9 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     ## float16 has a narrow range: a GradScaler multiplies the loss before backward() so that
     ## small gradients do not round to zero, then divides them back before the step.
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
+    ## --schedule warmup-cosine changes the learning rate after every batch; None: constant.
+    epochs = 1 if args.dry_run else args.epochs
+    scheduler = make_schedule(args.schedule, optimizer, epochs * len(train_loader))
 
     if main_process:
         sanity_report(args.model, model, val_loader, criterion, device, [len(s) for s in splits],
@@ -114,11 +117,10 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     gc.freeze()
 
     # 5. training loop -------------------------------------------------------------------------
-    epochs = 1 if args.dry_run else args.epochs
     best_acc, best_epoch, history, first = -1.0, 0, [], 1
     if args.resume:  # go on after the last epoch saved: weights, optimizer, random numbers
         best_acc, best_epoch, history, first = run_files.resume_training(
-            outputs.state, model, optimizer, scaler, world)
+            outputs.state, model, optimizer, scaler, scheduler, world)
     with open_tensorboard(args.tensorboard if main_process else None) as writer:
         for epoch in range(first, epochs + 1):
             start = time.perf_counter()
@@ -128,7 +130,8 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
             train_loss = common.train_one_epoch(
                 train_model, train_loader, criterion, optimizer, device, epoch=epoch,
                 log_interval=args.log_interval, amp_dtype=amp_dtype, scaler=scaler,
-                clip_grad=args.clip_grad, log=print if main_process else None)
+                clip_grad=args.clip_grad, scheduler=scheduler,
+                log=print if main_process else None)
             val_loss, val_acc = common.evaluate(model, val_loader, criterion, device,
                                                 amp_dtype=amp_dtype)
             train_loss, val_loss, val_acc = reduce_metrics(  # torchrun: over all ranks
@@ -157,10 +160,12 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
                         {"epoch": epoch, "model": model.state_dict(),
                          "optimizer": optimizer.state_dict(),
                          "scaler": scaler.state_dict() if scaler else None,
+                         "scheduler": scheduler.state_dict() if scheduler else None,
                          "rng": torch.get_rng_state(), "best": (best_acc, best_epoch),
                          "history": history, "settings": run_files.run_settings(args)})
+                lr = f" | lr {optimizer.param_groups[0]['lr']:.2e}" if scheduler else ""
                 print(f"epoch {epoch}/{epochs} | train loss {train_loss:.4f} | val loss "
-                      f"{val_loss:.4f} | val acc {val_acc:.4f} | {seconds:.1f} s"
+                      f"{val_loss:.4f} | val acc {val_acc:.4f}{lr} | {seconds:.1f} s"
                       + (" | saved best" if saved else ""))
 
     # 6. final test ----------------------------------------------------------------------------
@@ -458,6 +463,22 @@ def make_optimizer(name: str, params, lr: float, device: torch.device) -> torch.
     raise ValueError(f"unknown optimizer {name!r}; choose adam or sgd")
 
 
+def make_schedule(name: str, optimizer: torch.optim.Optimizer, total_steps: int):
+    """None for a constant learning rate, or a schedule to step once per batch."""
+    if name == "constant":
+        return None
+    ## Warmup + cosine: over the first tenth of the steps the rate climbs to --lr (early steps,
+    ## from random weights and with Adam's running averages still poor, can throw the model
+    ## somewhere bad), then it falls along a cosine to 0, so the model settles. PyTorch's own
+    ## schedulers in sequence; synthetic_train.py writes the same curve out by hand.
+    warmup = max(1, total_steps // 10)
+    schedulers = torch.optim.lr_scheduler
+    return schedulers.SequentialLR(optimizer, [
+        schedulers.LinearLR(optimizer, start_factor=1 / warmup, total_iters=warmup),
+        schedulers.CosineAnnealingLR(optimizer, T_max=max(1, total_steps - warmup))],
+        milestones=[warmup])
+
+
 def sanity_report(model_name, model, loader, criterion, device, sizes, untrained=True) -> None:
     """Print what to look at first when training fails: versions, device, shapes, and the
     initial loss of an `untrained` model."""
@@ -718,6 +739,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--augment", action="store_true",
                         help="random tilt, scale, shift and stroke width on each training batch: "
                              "better on people's own pictures (see predict.py)")
+    parser.add_argument("--schedule", choices=["constant", "warmup-cosine"], default="constant",
+                        help="the learning rate: constant, or warmup-cosine (it climbs to --lr "
+                             "over the first tenth of the steps, then falls to 0 along a cosine)")
     parser.add_argument("--clip-grad", type=positive(float), default=None, metavar="MAX_NORM",
                         help="clip the gradient norm to this value (try 1.0 if the loss spikes)")
     # data

@@ -136,7 +136,8 @@ class RunOutputs:
 ## The settings that make a run what it is, kept with its training state: --resume takes them
 ## from there, so that the resumed run goes on exactly as it would have without a break.
 RUN_SETTINGS = ("model", "hidden", "channels", "dataset", "optimizer", "lr", "batch_size",
-                "augment", "clip_grad", "amp", "seed", "val_size", "subset", "loader", "epochs")
+                "augment", "clip_grad", "amp", "seed", "val_size", "subset", "loader", "epochs",
+                "schedule")
 
 
 def run_settings(args: argparse.Namespace) -> dict:
@@ -163,6 +164,7 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
     except Exception as err:
         raise common.CheckpointError(f"{outputs.resume} is damaged, so the run cannot be "
                                      f"resumed ({common.first_sentence(err)})") from err
+    settings.setdefault("schedule", "constant")  # a run saved before --schedule existed
     for name, value in settings.items():
         if name not in given:  # left out: the run's own setting
             setattr(args, name, value)
@@ -172,6 +174,15 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
                              f"{getattr(args, name)}; leave {flag} out to go on with it, or "
                              "start a new run")
     state["epoch"] = done
+    ## A schedule's learning rate was planned over the run's epochs: it cannot be stretched.
+    if settings.get("schedule", "constant") != "constant" and args.epochs != settings["epochs"]:
+        raise ResumeError(f"--resume: this run's {settings['schedule']} learning rate was planned "
+                          f"over {settings['epochs']} epochs, so it cannot go on to "
+                          f"{args.epochs}; leave --epochs out, or start a new run")
+    if args.schedule != "constant" and done >= args.epochs:
+        raise ResumeError(f"--resume: this run has trained all its {done} epochs, and its "
+                          f"{args.schedule} learning rate has come down to 0: to train more, "
+                          "start a new run")
     if args.epochs <= state["epoch"]:
         raise ResumeError(f"--resume: this run has trained {state['epoch']} of {args.epochs} "
                          f"epochs already; pass --epochs with more than {state['epoch']} to go on")
@@ -189,12 +200,14 @@ def given_on_command_line(parser: argparse.ArgumentParser, argv: list[str] | Non
 
 
 def resume_training(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scaler: torch.amp.GradScaler | None, world: int):
+                    scaler: torch.amp.GradScaler | None, scheduler, world: int):
     """Put the saved training state back; return (best acc, best epoch, history, next epoch)."""
     model.load_state_dict(state["model"])  # the last epoch's weights, not the best ones
     optimizer.load_state_dict(state["optimizer"])  # Adam's running averages and step count
     if scaler is not None and state["scaler"] is not None:
         scaler.load_state_dict(state["scaler"])
+    if scheduler is not None:  # where the learning rate schedule had got to
+        scheduler.load_state_dict(state["scheduler"])
     if world == 1:  # the CPU's random numbers (dropout, --augment), as if never interrupted;
         torch.set_rng_state(state["rng"])  # a GPU's own generator is not saved
     best_acc, best_epoch = state["best"]

@@ -538,7 +538,8 @@ def without_seconds(csv_path):
     return [{k: v for k, v in row.items() if k != "seconds"} for row in read_csv(csv_path)]
 
 
-@pytest.mark.parametrize("flags", [[], ["--model", "cnn", "--augment"]])
+@pytest.mark.parametrize("flags", [[], ["--model", "cnn", "--augment"],
+                                   ["--schedule", "warmup-cosine"]])
 def test_a_resumed_run_ends_exactly_where_an_uninterrupted_one_does(tiny_mnist, tmp_path,
                                                                     monkeypatch, capsys, flags):
     ## On a CPU: the same weights, the same optimizer state, the same random numbers (dropout,
@@ -598,6 +599,8 @@ def test_a_finished_run_can_be_resumed_for_more_epochs(tiny_mnist, tmp_path, cap
     (["--epochs", "4", "--lr", "0.01"], "--resume: this run was started with --lr 0.001, not "
                                         "0.01; leave --lr out to go on with it"),
     (["--epochs", "4", "--dry-run"], "--resume goes on with a real run"),
+    (["--epochs", "4", "--schedule", "warmup-cosine"], "--resume: this run was started with "
+                                                       "--schedule constant, not warmup-cosine"),
 ])
 def test_resume_refuses_what_would_not_continue_the_same_run(tiny_mnist, tmp_path, capsys,
                                                              flags, message):
@@ -606,6 +609,39 @@ def test_resume_refuses_what_would_not_continue_the_same_run(tiny_mnist, tmp_pat
     with pytest.raises(SystemExit) as exit_:
         train(tiny_mnist, tmp_path / "a.pt", "--resume", *flags)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_scheduled_run_resumes_only_over_the_epochs_its_schedule_was_planned_for(
+        tiny_mnist, tmp_path, capsys):
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--schedule",
+                 "warmup-cosine") == 0
+    capsys.readouterr()
+    for flags, message in [(["--epochs", "4"], "this run's warmup-cosine learning rate was "
+                                               "planned over 2 epochs, so it cannot go on to 4"),
+                           ([], "this run has trained all its 2 epochs, and its warmup-cosine "
+                                "learning rate has come down to 0")]:
+        with pytest.raises(SystemExit) as exit_:
+            train(tiny_mnist, tmp_path / "a.pt", "--resume", *flags)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_warmup_cosine_climbs_to_the_learning_rate_then_falls_to_zero():
+    weights = [torch.nn.Parameter(torch.zeros(3))]
+    optimizer = torch.optim.Adam(weights, lr=0.01)
+    assert mnist_train.make_schedule("constant", optimizer, 100) is None
+    scheduler = mnist_train.make_schedule("warmup-cosine", optimizer, 100)
+    rates = []
+    for _ in range(100):  # as train_one_epoch does: the step, then the schedule
+        rates.append(optimizer.param_groups[0]["lr"])
+        weights[0].grad = torch.ones(3)
+        optimizer.step()
+        scheduler.step()
+    peak = rates.index(max(rates))
+    assert peak == 10 and rates[peak] == pytest.approx(0.01)  # a tenth of the steps
+    assert rates[0] == pytest.approx(0.001)  # the first step, at a tenth of the rate
+    assert all(a < b for a, b in zip(rates[:peak], rates[1:peak + 1]))  # climbs
+    assert all(a > b for a, b in zip(rates[peak:], rates[peak + 1:]))  # then only falls
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0, abs=1e-12)  # 0 at the end
 
 
 def old_format_checkpoint(path):
