@@ -256,6 +256,7 @@ class CheckpointError(ValueError):
 
 
 ## The first bytes of common picture formats: a picture given as a checkpoint is named as one.
+## (A WebP file is a RIFF container, as WAV and AVI files are: "WEBP" follows at byte 8.)
 PICTURE_SIGNATURES = {b"\x89PNG": "PNG", b"\xff\xd8\xff": "JPEG", b"GIF8": "GIF",
                       b"BM": "BMP", b"RIFF": "WebP", b"II*\x00": "TIFF", b"MM\x00*": "TIFF"}
 
@@ -291,9 +292,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if path.stat().st_size == 0:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes): it was not saved completely")
     with open(path, "rb") as f:
-        start = f.read(8)
+        start = f.read(12)
     for signature, kind in PICTURE_SIGNATURES.items():
-        if start.startswith(signature):
+        if start.startswith(signature) and (kind != "WebP" or start[8:12] == b"WEBP"):
             raise CheckpointError(f"{path} is a {kind} picture, not a checkpoint")
     try:
         ## weights_only=True unpickles only tensors and plain containers. A pickle can otherwise
