@@ -152,6 +152,14 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
 ##   opening        min, then max: bright runs shorter than the neighbourhood vanish, longer
 ##                  ones keep their shape
 ##   components     the separate blobs of a mask: pixels that touch (8 neighbours) share one
+##   anti-aliasing  soft gray edge pixels instead of a hard step; shrinking without averaging
+##                  (aliasing) turns thin lines into broken dashes; "bicubic" enlarges smoothly
+## And a few PyTorch idioms: F.interpolate and F.max_pool2d take a batch of images with
+## channels, [N, C, H, W], so x[None, None] adds those two dimensions and [0, 0] takes them off
+## again. F.max_pool2d(x, k, stride=1, padding=k // 2) gives each pixel the maximum of its k x k
+## neighbourhood (-max_pool2d(-x) the minimum). A trailing underscore (div_, index_add_) changes
+## a tensor in place. unfold(dim, size, step) cuts a dimension into windows; scatter_reduce and
+## index_add_ collect values by label (the smallest, the largest, the sum).
 
 
 @one_thread
