@@ -175,7 +175,7 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
                              "start a new run")
     state["epoch"] = done
     ## A schedule's learning rate was planned over the run's epochs: it cannot be stretched.
-    if settings.get("schedule", "constant") != "constant" and args.epochs != settings["epochs"]:
+    if settings["schedule"] != "constant" and args.epochs != settings["epochs"]:
         raise ResumeError(f"--resume: this run's {settings['schedule']} learning rate was planned "
                           f"over {settings['epochs']} epochs, so it cannot go on to "
                           f"{args.epochs}; leave --epochs out, or start a new run")
