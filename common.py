@@ -536,12 +536,12 @@ class TensorLoader:
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int,
                  shuffle: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 transform: Callable[[torch.Tensor, torch.Tensor], tuple] | None = None) -> None:
         if len(inputs) != len(targets):
             raise ValueError(f"{len(inputs)} inputs but {len(targets)} targets")
         self.inputs, self.targets, self.batch_size = inputs, targets, batch_size
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
-        self.transform = transform  # applied to each batch of inputs (e.g. augmentation)
+        self.transform = transform  # (inputs, targets) -> (inputs, targets), e.g. augmentation
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -574,10 +574,9 @@ class TensorLoader:
         self.epoch += 1  # if set_epoch() is never called, the next epoch still reshuffles
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
-            inputs = self.inputs.index_select(0, idx)  # faster than self.inputs[idx]
-            if self.transform is not None:
-                inputs = self.transform(inputs)
-            yield inputs, self.targets.index_select(0, idx)
+            ## index_select(0, idx) does what self.inputs[idx] does, faster
+            batch = self.inputs.index_select(0, idx), self.targets.index_select(0, idx)
+            yield batch if self.transform is None else self.transform(*batch)
 
 
 # ---------------------------------------------------------------------------------------------

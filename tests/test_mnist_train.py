@@ -378,11 +378,12 @@ def centre_of_mass(img):
 
 
 def test_augment_varies_digits_mildly_and_keeps_them_digits(tiny_mnist):
-    images, _ = common.load_mnist(tiny_mnist, train=True)
+    images, labels = common.load_mnist(tiny_mnist, train=True)
     x = common.normalize_images(images[:300], common.MNIST_MEAN, common.MNIST_STD)
     torch.manual_seed(0)
-    out = mnist_train.augment(x)
+    out, out_labels = mnist_train.augment(x, labels[:300])
     assert out.shape == x.shape and out.dtype == x.dtype
+    assert torch.equal(out_labels, labels[:300])  # the labels pass through unchanged
     ## no new values: warping and pooling only move and mix existing intensities
     background = x.min()
     assert out.min() >= background - 1e-5 and out.max() <= x.max() + 1e-5
@@ -399,7 +400,67 @@ def test_augment_varies_digits_mildly_and_keeps_them_digits(tiny_mnist):
         assert shift.abs().max() < 3.5
     ## the same seed gives the same augmentation
     torch.manual_seed(0)
-    assert torch.equal(mnist_train.augment(x), out)
+    assert torch.equal(mnist_train.augment(x, labels[:300])[0], out)
+
+
+def stem_picture(n: int) -> torch.Tensor:
+    """n normalised 28x28 pictures of a plain 1: a vertical stroke 2 px wide, rows 4 to 23."""
+    ink = torch.zeros(n, 1, 28, 28)
+    ink[:, :, 4:24, 13:15] = 1
+    return (ink - common.MNIST_MEAN) / common.MNIST_STD
+
+
+def test_writing_styles_add_a_flag_and_foot_to_1s_a_bar_to_7s_a_curl_to_9s():
+    x = stem_picture(40)
+    labels = torch.tensor([1, 7, 9, 0, 4] * 8)
+    torch.manual_seed(0)
+    out = mnist_train.add_writing_styles(x, labels, p=1.0)
+    background = x.min()
+    ## ink is only added, never brighter than the digit's own, never to other digits
+    assert (out >= x).all() and torch.allclose(out.amax((1, 2, 3)), x.amax((1, 2, 3)))
+    others = (labels == 0) | (labels == 4)
+    assert torch.equal(out[others], x[others])
+    added = (out - x)[:, 0] > 0.5 * (x.max() - background)  # n x 28 x 28: new ink
+    left, right = added[:, :, :13], added[:, :, 15:]
+    for i, label in enumerate(labels.tolist()):
+        rows = added[i].any(1).nonzero().flatten()
+        if label == 1:  # a flag from the top, down to the left: the 1 that European hands write
+            assert left[i, 4:7].any() and not right[i, :20].any()
+            assert left[i].sum() >= 4 and rows.min() >= 4
+        if label == 7:  # a bar across the middle of the stem, on both sides
+            assert left[i, 11:17].any() and right[i, 11:17].any()
+            assert rows.min() >= 11 and rows.max() <= 16
+        if label == 9:  # the tail's end turns left
+            assert left[i, 19:24].any() and not right[i].any() and rows.min() >= 18
+    ## some 1s get a foot as well: ink to the right of the stem at its bottom
+    ones = labels == 1
+    assert 0 < right[ones, 21:24].any(2).any(1).sum() < ones.sum()
+    ## p is the share of those digits that get a stroke: p=0 changes nothing
+    assert torch.equal(mnist_train.add_writing_styles(x, labels, p=0.0), x)
+    torch.manual_seed(1)
+    some = mnist_train.add_writing_styles(x.repeat(10, 1, 1, 1), labels.repeat(10), p=0.3)
+    changed = (some != x.repeat(10, 1, 1, 1)).flatten(1).any(1).float().mean()
+    assert 0.1 < changed < 0.26  # 3 of 5 labels can get a stroke: 0.6 * 0.3 = 0.18
+
+
+@pytest.mark.parametrize("loader", ["memory", "dataloader"])
+@pytest.mark.parametrize("dataset", ["mnist", "fashion-mnist"])
+def test_writing_styles_are_for_digits_only(tiny_mnist, dataset, loader, monkeypatch, request):
+    ## Fashion-MNIST's 1, 7 and 9 are trousers, sneakers and ankle boots: no flags on those.
+    calls = []
+    real = mnist_train.add_writing_styles
+    monkeypatch.setattr(mnist_train, "add_writing_styles",
+                        lambda images, labels: calls.append(len(labels)) or real(images, labels))
+    data = tiny_mnist if dataset == "mnist" else request.getfixturevalue("tiny_fashion")
+    args = mnist_train.build_parser().parse_args(
+        ["--data-dir", str(data), "--augment", "--dataset", dataset, "--loader", loader,
+         "--batch-size", "100"])
+    images, labels = common.load_mnist(tiny_mnist, train=True)
+    splits = (torch.arange(600), torch.arange(600, 800), torch.arange(200))
+    train, _, _ = mnist_train.make_loaders(args, images, labels, images[:200], labels[:200],
+                                           splits, torch.device("cpu"), 0, 1)
+    next(iter(train))
+    assert calls == ([100] if dataset == "mnist" else [])
 
 
 @pytest.mark.parametrize("loader", ["memory", "dataloader"])
