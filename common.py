@@ -556,8 +556,9 @@ class TensorLoader:
         else:
             order = torch.arange(n)
         if self.world_size > 1:
-            if self.shuffle:  # training: wrap around so that all ranks get as many batches
-                order = torch.cat([order, order[: -n % self.world_size]])
+            if self.shuffle and n % self.world_size:  # training: all ranks get as many samples,
+                total = math.ceil(n / self.world_size) * self.world_size  # wrapping around,
+                order = order.repeat(math.ceil(total / n))[:total]  # as DistributedSampler does
             order = order[self.rank :: self.world_size]  # unshuffled (evaluation): no padding
         return order
 

@@ -393,10 +393,10 @@ def test_tensor_loader_visits_every_sample_once_in_a_new_order_each_epoch():
     assert torch.equal(inputs[:, 0].long(), targets)  # inputs and targets stay paired
 
 
-def test_tensor_loader_shards_like_distributed_sampler():
+@pytest.mark.parametrize("n, world", [(23, 3), (24, 3), (2, 8), (1, 4)])  # last two: more
+def test_tensor_loader_shards_like_distributed_sampler(n, world):  # ranks than samples
     from torch.utils.data import DistributedSampler
 
-    n, world = 23, 3
     data = torch.arange(n)
     shards = []
     for rank in range(world):
@@ -407,10 +407,12 @@ def test_tensor_loader_shards_like_distributed_sampler():
         sampler.set_epoch(2)
         shard = next(iter(loader))[1]
         assert shard.tolist() == list(sampler)  # the very same indices
+        assert len(loader) == 1  # every rank runs as many batches, or DDP would wait forever
         shards.append(shard)
-    assert {len(s) for s in shards} == {8} and set(torch.cat(shards).tolist()) == set(range(n))
-    val = [torch.cat([t for _, t in common.TensorLoader(data, data, 5, rank=r, world_size=world)])
-           for r in range(world)]
+    assert {len(s) for s in shards} == {-(-n // world)}
+    assert set(torch.cat(shards).tolist()) == set(range(n))
+    val = [t for r in range(world)
+           for _, t in common.TensorLoader(data, data, 5, rank=r, world_size=world)]
     assert sorted(torch.cat(val).tolist()) == list(range(n))  # evaluation: no duplicates
 
 

@@ -410,7 +410,7 @@ def stem_picture(n: int) -> torch.Tensor:
     return (ink - common.MNIST_MEAN) / common.MNIST_STD
 
 
-def test_writing_styles_add_a_flag_and_foot_to_1s_a_bar_to_7s_a_curl_to_9s():
+def test_writing_styles_add_a_flag_and_foot_to_1s_a_bar_to_7s_a_tail_to_9s():
     x = stem_picture(40)
     labels = torch.tensor([1, 7, 9, 0, 4] * 8)
     torch.manual_seed(0)
