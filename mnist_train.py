@@ -437,7 +437,7 @@ def add_writing_styles(images: torch.Tensor, labels: torch.Tensor, p: float = 0.
     ## crosses its 7 so that it is not read as that 1, and turns the 9's tail to the left. A
     ## model that never saw those reads a flagged 1 as 7 (README, "Real pictures"). Each stroke
     ## starts at the digit's own top, middle or bottom, as wide as its stem. p is the chance that
-    ## a 1, 7 or 9 gets its stroke: about 1 image in 11 changes, the rest stay as MNIST wrote
+    ## a 1, 7 or 9 gets its stroke: about 1 image in 10 changes, the rest stay as MNIST wrote
     ## them. (A flag on half the 1s cost the MLP 0.2 points of MNIST test accuracy over 6 seeds;
     ## p = 0.3 costs less than the spread from seed to seed.) Square pictures, light ink on dark.
     n, size, device = images.shape[0], images.shape[-1], images.device
