@@ -12,6 +12,7 @@ import torch
 from helpers import posix_only, press_ctrl_c, printed_confusion_matrix, read_csv, start
 from PIL import Image
 
+import augmentation
 import common
 import mnist_train
 import predict
@@ -381,7 +382,7 @@ def test_augment_varies_digits_mildly_and_keeps_them_digits(tiny_mnist):
     images, labels = common.load_mnist(tiny_mnist, train=True)
     x = common.normalize_images(images[:300], common.MNIST_MEAN, common.MNIST_STD)
     torch.manual_seed(0)
-    out, out_labels = mnist_train.augment(x, labels[:300])
+    out, out_labels = augmentation.augment(x, labels[:300])
     assert out.shape == x.shape and out.dtype == x.dtype
     assert torch.equal(out_labels, labels[:300])  # the labels pass through unchanged
     ## no new values: warping and pooling only move and mix existing intensities
@@ -400,7 +401,7 @@ def test_augment_varies_digits_mildly_and_keeps_them_digits(tiny_mnist):
         assert shift.abs().max() < 3.5
     ## the same seed gives the same augmentation
     torch.manual_seed(0)
-    assert torch.equal(mnist_train.augment(x, labels[:300])[0], out)
+    assert torch.equal(augmentation.augment(x, labels[:300])[0], out)
 
 
 def stem_picture(n: int) -> torch.Tensor:
@@ -414,7 +415,7 @@ def test_writing_styles_add_a_flag_and_foot_to_1s_a_bar_to_7s_a_tail_to_9s():
     x = stem_picture(40)
     labels = torch.tensor([1, 7, 9, 0, 4] * 8)
     torch.manual_seed(0)
-    out = mnist_train.add_writing_styles(x, labels, p=1.0)
+    out = augmentation.add_writing_styles(x, labels, p=1.0)
     background = x.min()
     ## ink is only added, never brighter than the digit's own, never to other digits
     assert (out >= x).all() and torch.allclose(out.amax((1, 2, 3)), x.amax((1, 2, 3)))
@@ -436,9 +437,9 @@ def test_writing_styles_add_a_flag_and_foot_to_1s_a_bar_to_7s_a_tail_to_9s():
     ones = labels == 1
     assert 0 < right[ones, 21:24].any(2).any(1).sum() < ones.sum()
     ## p is the share of those digits that get a stroke: p=0 changes nothing
-    assert torch.equal(mnist_train.add_writing_styles(x, labels, p=0.0), x)
+    assert torch.equal(augmentation.add_writing_styles(x, labels, p=0.0), x)
     torch.manual_seed(1)
-    some = mnist_train.add_writing_styles(x.repeat(10, 1, 1, 1), labels.repeat(10), p=0.3)
+    some = augmentation.add_writing_styles(x.repeat(10, 1, 1, 1), labels.repeat(10), p=0.3)
     changed = (some != x.repeat(10, 1, 1, 1)).flatten(1).any(1).float().mean()
     assert 0.1 < changed < 0.26  # 3 of 5 labels can get a stroke: 0.6 * 0.3 = 0.18
 
@@ -448,8 +449,8 @@ def test_writing_styles_add_a_flag_and_foot_to_1s_a_bar_to_7s_a_tail_to_9s():
 def test_writing_styles_are_for_digits_only(tiny_mnist, dataset, loader, monkeypatch, request):
     ## Fashion-MNIST's 1, 7 and 9 are trousers, sneakers and ankle boots: no flags on those.
     calls = []
-    real = mnist_train.add_writing_styles
-    monkeypatch.setattr(mnist_train, "add_writing_styles",
+    real = augmentation.add_writing_styles
+    monkeypatch.setattr(augmentation, "add_writing_styles",
                         lambda images, labels: calls.append(len(labels)) or real(images, labels))
     data = tiny_mnist if dataset == "mnist" else request.getfixturevalue("tiny_fashion")
     args = mnist_train.build_parser().parse_args(
