@@ -1,5 +1,10 @@
 """Data augmentation for `mnist_train.py --augment`: whole batches, on any device.
 
+    import augmentation
+    for inputs, targets in loader:  # normalised digits, N x 1 x 28 x 28, light ink on dark
+        inputs, targets = augmentation.augment(inputs, targets)  # styles=False: not digits
+        ...  # the training step, as before
+
 augment() tilts, scales, shifts and thickens or thins every digit of a batch, each with its own
 random numbers; add_writing_styles() first draws a few strokes that MNIST's writers rarely used
 (a flag on a 1, a bar on a 7, a tail turned left on a 9). Both work on the batch as one tensor,
