@@ -2,7 +2,7 @@
 
     import augmentation
     for inputs, targets in loader:  # normalised digits, N x 1 x 28 x 28, light ink on dark
-        inputs, targets = augmentation.augment(inputs, targets)  # styles=False: not digits
+        inputs, targets = augmentation.augment(inputs, targets)  # styles=False if not digits
         ...  # the training step, as before
 
 augment() tilts, scales, shifts and thickens or thins every digit of a batch, each with its own
