@@ -407,7 +407,7 @@ def test_tensor_loader_shards_like_distributed_sampler(n, world):  # ranks than 
         sampler.set_epoch(2)
         shard = next(iter(loader))[1]
         assert shard.tolist() == list(sampler)  # the very same indices
-        assert len(loader) == 1  # every rank runs as many batches, or DDP would wait forever
+        assert len(list(loader)) == len(loader) == 1  # as many batches on every rank, or DDP hangs
         shards.append(shard)
     assert {len(s) for s in shards} == {-(-n // world)}
     assert set(torch.cat(shards).tolist()) == set(range(n))
