@@ -34,7 +34,7 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
     ## costs little next to the training step, and runs wherever the batch lives, GPU included.
     ## It takes (images, labels) and returns both, the way torchvision's batch transforms are
     ## called (v2.MixUp, v2.CutMix); unlike those, it returns the labels as they came.
-    if styles:  # digits only: --dataset fashion-mnist's 1, 7 and 9 are trousers, sneakers, boots
+    if styles:  # digits only: in Fashion-MNIST, 1, 7 and 9 are trousers, sneakers and boots
         images = add_writing_styles(images, labels)
     n, device = images.shape[0], images.device
 
