@@ -7,9 +7,8 @@
 
 augment() tilts, scales, shifts and thickens or thins every digit of a batch, each with its own
 random numbers; add_writing_styles() first draws a few strokes that MNIST's writers rarely used
-(a flag on a 1, a bar on a 7, a tail turned left on a 9). Both work on the batch as one tensor,
-so they cost little next to a training step, on a CPU or a GPU. collate_and_augment() is the
-same for the classic DataLoader pipeline. mnist_train.py imports this module; you can copy it
+(a flag on a 1, a bar on a 7, a tail turned left on a 9). collate_and_augment() is the same
+for the classic DataLoader pipeline. mnist_train.py imports this module; you can copy it
 into a project of your own: it needs only torch.
 """
 
@@ -112,6 +111,8 @@ def add_writing_styles(images: torch.Tensor, labels: torch.Tensor, p: float = 0.
     foot = draw_line(x_bottom - foot_half, bottom, x_bottom + foot_half, bottom, stem, size)
     footed = (one & (torch.rand(n, device=device) < 0.5)).view(-1, 1, 1)
     strokes = torch.maximum(draw_line(*ends, stem, size), foot * footed)
+    ## Every digit's stroke is drawn, then masked: picking out the chosen few first would be
+    ## less arithmetic, but on a GPU it makes the CPU wait for the GPU at every batch.
     strokes = strokes * chosen.view(-1, 1, 1)  # nothing for the digits not chosen
     ## Paint the strokes in the picture's own ink colour, where they are brighter than it.
     return torch.maximum(images, low + strokes[:, None] * (high - low)).to(images.dtype)
