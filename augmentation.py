@@ -5,8 +5,8 @@
         inputs, targets = augmentation.augment(inputs, targets)  # styles=False if not digits
         ...  # the training step, as before
 
-augment() tilts, scales, shifts and thickens or thins every digit of a batch, each with its own
-random numbers; add_writing_styles() first draws a few strokes that MNIST's writers rarely used
+augment() tilts, scales and shifts every digit of a batch, and thickens or thins two in three,
+each with its own random numbers; add_writing_styles() first draws a few strokes that MNIST's writers rarely used
 (a flag on a 1, a bar on a 7, a tail turned left on a 9). collate_and_augment() is the same
 for the classic DataLoader pipeline. mnist_train.py imports this module; you can copy it
 into a project of your own: it needs only torch.
@@ -32,18 +32,23 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
     ## to them. One call warps the whole batch, each image with its own random matrix: that
     ## costs little next to the training step, and runs wherever the batch lives, GPU included.
     ## It takes (images, labels) and returns both, the way torchvision's batch transforms are
-    ## called (v2.MixUp, v2.CutMix); unlike those, it returns the labels as they came.
+    ## called (v2.MixUp, v2.CutMix); unlike those, it returns the labels as they came. It needs
+    ## them as class indices, so run it before those two, which turn them into mixtures.
     if styles:  # digits only: in Fashion-MNIST, 1, 7 and 9 are trousers, sneakers and boots
         images = add_writing_styles(images, labels)
-    n, device = images.shape[0], images.device
+    n, device, dtype = images.shape[0], images.device, images.dtype
 
-    def uniform(limit):  # n random numbers in [-limit, limit]
-        return (torch.rand(n, device=device) * 2 - 1) * limit
+    def uniform(limit):  # n random numbers in [-limit, limit], of the images' own dtype
+        return (torch.rand(n, device=device, dtype=dtype) * 2 - 1) * limit
 
     angle, scale = uniform(math.radians(10)), 1 + uniform(0.1)
-    shift_x, shift_y = uniform(2 / 14), uniform(2 / 14)  # +-2 px: the grid's unit is 14 px
-    ## theta maps each output pixel to where it reads from in the input, so dividing by scale
-    ## (scale > 1: read from nearer the centre) makes the digit larger.
+    ## affine_grid() computes, for every output pixel, where in the input to read it from;
+    ## grid_sample() reads there, blending the 4 nearest pixels. Positions run from -1 to 1
+    ## across the picture, so on 28 pixels one unit is 14 px. (align_corners=False in both
+    ## calls: -1 and 1 are the outer edges of the edge pixels, not their centres.)
+    shift_x, shift_y = uniform(2 / 14), uniform(2 / 14)  # +-2 px
+    ## theta is a rotation matrix [[cos, -sin], [sin, cos]] plus the shift. It maps output to
+    ## input, so dividing by scale (scale > 1: read from nearer the centre) enlarges the digit.
     cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
     theta = torch.stack([torch.stack([cos, -sin, shift_x], 1),
                          torch.stack([sin, cos, shift_y], 1)], 1)  # n x 2 x 3 affine matrices
@@ -51,15 +56,18 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
     ## "border" repeats the edge pixels, which in MNIST are paper (its digits were fitted into
     ## the middle 20x20). "zeros" would fill with 0, which after normalising is lighter than
     ## MNIST's black paper (-0.42): a visible frame. Apple's GPUs lack "border"
-    ## (pytorch/pytorch#125098): there, keep the grid on the edge pixels' centres.
+    ## (pytorch/pytorch#125098): there, keep the grid on the edge pixels' centres, so that
+    ## "zeros" gives the zero-padding no weight and each read repeats an edge pixel instead.
     if device.type == "mps":
         edge = torch.tensor([1 - 1 / images.shape[3], 1 - 1 / images.shape[2]], device=device)
         grid = torch.maximum(torch.minimum(grid, edge), -edge)
     out = F.grid_sample(images, grid, padding_mode="border" if device.type != "mps" else "zeros",
                         align_corners=False)
     ## Stroke width: max-pooling spreads ink to neighbours (thicker), min-pooling removes edge
-    ## pixels (thinner). Each image has a 1 in 3 chance of each, and of neither; mixing with
-    ## the original keeps it mild.
+    ## pixels (thinner; PyTorch has no min-pool, so it is minus the max-pool of minus). Each
+    ## image has a 1 in 3 chance of each, and of neither: `pick` holds one number per image,
+    ## shaped n x 1 x 1 x 1 so that it broadcasts over the pixels. Mixing with the original
+    ## keeps it mild.
     thicker = F.max_pool2d(out, 3, stride=1, padding=1)
     thinner = -F.max_pool2d(-out, 3, stride=1, padding=1)
     pick = torch.randint(0, 3, (n, 1, 1, 1), device=device)
@@ -83,20 +91,23 @@ def add_writing_styles(images: torch.Tensor, labels: torch.Tensor, p: float = 0.
     ink = ((images - low) / (high - low).clamp_min(1e-6))[:, 0]  # 0 = paper, 1 = ink
     rows = torch.arange(size, device=device, dtype=images.dtype)
     inked = ink.sum(2) > 0.5  # n x size: rows with at least half a pixel's worth of ink
+    ## The first inked row is the smallest row number among the inked ones: where() puts the
+    ## largest possible row in place of every row without ink, so they never win amin().
     top = torch.where(inked, rows, size - 1).amin(1)
     bottom = torch.where(inked, rows, 0).amax(1)
     height = (bottom - top).clamp_min(1)
     middle = top + height / 2
     ## The ink of three rows per digit (top, middle, bottom): where along the row it is centred.
-    picked = torch.stack([top, middle, bottom], 1).round().long().clamp(0, size - 1)
-    picked = ink[torch.arange(n, device=device).view(-1, 1), picked]  # n x 3 x size
+    which = torch.stack([top, middle, bottom], 1).round().long().clamp(0, size - 1)  # n x 3
+    ## Two index tensors, n x 1 (the image) and n x 3 (its row), broadcast to n x 3 pairs.
+    picked = ink[torch.arange(n, device=device).view(-1, 1), which]  # n x 3 x size
     x_top, x_mid, x_bottom = ((picked * rows).sum(2) / picked.sum(2).clamp_min(1e-6)).unbind(1)
     ## The stroke width: the ink across the middle row, which for a 1 or a 7 crosses its stem.
     ## Where it crosses a 9's loop, or a slanted stroke, it reads wider: hence the cap of 4 px.
     stem = picked[:, 1].sum(1).clamp(1.5, 4)
 
     def between(a, b):  # n random numbers in [a, b]
-        return a + (b - a) * torch.rand(n, device=device)
+        return a + (b - a) * torch.rand(n, device=device, dtype=images.dtype)
 
     ## One stroke per digit, given by its two ends (x0, y0, x1, y1), picked by the label.
     angle, length = torch.deg2rad(between(20, 55)), height * between(0.2, 0.55)
@@ -112,7 +123,8 @@ def add_writing_styles(images: torch.Tensor, labels: torch.Tensor, p: float = 0.
     footed = (one & (torch.rand(n, device=device) < 0.5)).view(-1, 1, 1)
     strokes = torch.maximum(draw_line(*ends, stem, size), foot * footed)
     ## Every digit's stroke is drawn, then masked: picking out the chosen few first would be
-    ## less arithmetic, but on a GPU it makes the CPU wait for the GPU at every batch.
+    ## less arithmetic, but on a GPU it makes the CPU wait for the GPU at every batch (how many
+    ## were chosen decides the size of the result, and only the GPU knows it).
     strokes = strokes * chosen.view(-1, 1, 1)  # nothing for the digits not chosen
     ## Paint the strokes in the picture's own ink colour, where they are brighter than it.
     return torch.maximum(images, low + strokes[:, None] * (high - low)).to(images.dtype)
@@ -122,8 +134,9 @@ def draw_line(x0, y0, x1, y1, width: torch.Tensor, size: int) -> torch.Tensor:
     """n anti-aliased lines, one per image: each pixel's ink (0..1) from its distance to it."""
     ## Every argument holds one number per image, in pixels; a pixel's centre sits at whole
     ## coordinates, y growing downwards. The point of the segment nearest a pixel is
-    ## x0 + t * (x1 - x0) with t clamped to [0, 1]. Pixels within width / 2 of it are ink, and
-    ## the ink fades to paper over the next pixel (the + 0.5 centres that fade on the edge).
+    ## x0 + t * (x1 - x0) with t clamped to [0, 1]. The ink fades from full to none over one
+    ## pixel, centred on the line's edge at width / 2: full within width / 2 - 0.5, half at
+    ## width / 2 (a 2-px line crosses the pixels 0.5, 1, 0.5), none beyond width / 2 + 0.5.
     x0, y0, x1, y1, width = (v.view(-1, 1, 1) for v in (x0, y0, x1, y1, width))
     pixels = torch.arange(size, device=width.device, dtype=width.dtype)
     px, py = pixels.view(1, 1, size), pixels.view(1, size, 1)

@@ -404,6 +404,15 @@ def test_augment_varies_digits_mildly_and_keeps_them_digits(tiny_mnist):
     assert torch.equal(augmentation.augment(x, labels[:300])[0], out)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_augment_works_in_the_batch_s_own_dtype(dtype):
+    ## augmentation.py is meant to be copied: a half-precision or double batch must work too
+    ## (the random numbers take the batch's dtype, or grid_sample would refuse the mix).
+    x = stem_picture(4).to(dtype)
+    out, _ = augmentation.augment(x, torch.tensor([1, 7, 9, 0]))
+    assert out.dtype == dtype and out.shape == x.shape and torch.isfinite(out).all()
+
+
 def stem_picture(n: int) -> torch.Tensor:
     """n normalised 28x28 pictures of a plain 1: a vertical stroke 2 px wide, rows 4 to 23."""
     ink = torch.zeros(n, 1, 28, 28)
