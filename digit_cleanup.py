@@ -39,6 +39,9 @@ MIN_CONTRAST = 0.08  # ink differs from the paper by this much (0..1) at the lea
 ## one pixel wide, full height. What makes a digit is its span, then, and a digit can still be
 ## read at a third of MNIST's height. Ink that spans fewer pixels than this is a speck.
 SPECK_EXTENT = 6
+## A dot (a tap on the page, a full stop) is as wide as it is long. Ink less than this many
+## times as long as its strokes are wide is a dot (see is_a_dot()).
+DOT_LENGTH = 2.75
 ## A number or a word is several digit-sized marks side by side, or one mark much wider than
 ## tall; no digit is wider than about twice its height (MNIST's widest: 2.2).
 MAX_ASPECT = 2.5
@@ -180,6 +183,8 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     mask = keep_digit(marks)  # the digit: no specks, page edges or marks far from it
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
+    if is_a_dot(mask):
+        return blank, "no digit found: the ink is a dot, not a digit"
     others = digit_sized(marks & ~mask, mask)  # marks left out that are as big as the digit
     ## 2. Ink and mask again, on the digit alone: cut out of the full-resolution picture and
     ##    scaled to DIGIT_BOX pixels, so that a small digit is enlarged before any threshold is
@@ -229,6 +234,19 @@ def more_than_one_digit(mask: torch.Tensor, others: int) -> str | None:
         return (f"{marks} digit-sized marks side by side: a number or a word? This reads one "
                 "digit per picture")
     return None
+
+
+def is_a_dot(mask: torch.Tensor) -> bool:
+    """Whether the digit's mask is one blob about as long as it is wide: a dot, not a digit."""
+    ## stroke_width() gives a stroke's width w; for a round dot of diameter D it gives D / 2, so
+    ## a dot is 2 widths long (2.4 to 2.5 as pixels draw it; a dash half again as long as wide,
+    ## 2.8). Every digit is strokes several widths long: at least 3.1 for the boldest of MNIST's
+    ## test digits and of benchmarks/realistic_digits.py's pictures, 5.3 for the README's real
+    ## pictures. Below 12 pixels across, the outline pixels are most of the ink and widths read
+    ## too wide (a bold 10-px digit gives 3): no verdict there.
+    top, bottom, left, right = bounding_box(mask)
+    length = max(bottom - top, right - left)
+    return length >= 12 and length / stroke_width(mask) < DOT_LENGTH
 
 
 def digit_sized(left_out: torch.Tensor, digit: torch.Tensor) -> int:

@@ -385,6 +385,32 @@ def test_pictures_without_a_digit_get_a_warning_and_no_exception(gray, reason):
     assert warning.startswith("no digit found") and reason in warning
 
 
+def pen_stroke(length: int, pen: int) -> torch.Tensor:
+    """A vertical stroke `length` px long (0: a tap) of a round pen, on the page's white canvas."""
+    img = Image.new("L", (336, 336), 255)
+    top = 168 - length // 2
+    ImageDraw.Draw(img).line([(168, top), (168, top + length)], fill=0, width=pen)
+    for y in (top, top + length):  # round ends, as the page's canvas draws them
+        ImageDraw.Draw(img).ellipse((168 - pen / 2, y - pen / 2, 168 + pen / 2, y + pen / 2),
+                                    fill=0)
+    return to_gray(img)
+
+
+@pytest.mark.parametrize("length, pen, dot", [
+    (0, 22, True),  # one tap with the page's pen
+    (0, 60, True),  # a big blot
+    (4, 22, True),  # a tap that slid a little
+    (50, 22, False),  # a short stroke: a small 1, or the first stroke of a digit
+    (150, 22, False),
+])
+def test_a_dot_is_no_digit_but_a_short_stroke_may_be(length, pen, dot):
+    warning = digit_cleanup.preprocess(pen_stroke(length, pen))[1]
+    if dot:
+        assert warning == "no digit found: the ink is a dot, not a digit"
+    else:
+        assert warning is None
+
+
 def test_no_mnist_style_digit_is_taken_for_a_speck(tiny_mnist):
     import common
 
@@ -423,6 +449,21 @@ def test_real_mnist_digits_are_never_taken_for_specks():
     images, _ = common.load_mnist(root, train=False, download=False)
     thinnest = images[(images > 127).sum((1, 2)).argsort()[:300]]  # 19 to about 40 pixels
     for image in thinnest:
+        assert digit_cleanup.preprocess(image.float() / 255)[1] is None
+
+
+def test_the_boldest_real_mnist_digits_are_not_taken_for_dots(monkeypatch):
+    ## Through the whole clean-up, as a photo of them would go (MNIST's own 28x28 pictures skip
+    ## it): the 300 with the most ink have the widest strokes for their size.
+    import common
+
+    root = os.environ.get("MNIST_DATA_DIR")
+    if not (root and Path(root, "MNIST", "raw").is_dir()):
+        pytest.skip("set MNIST_DATA_DIR to a folder containing MNIST/raw to check real digits")
+    images, _ = common.load_mnist(root, train=False, download=False)
+    boldest = images[(images > 127).sum((1, 2)).argsort(descending=True)[:300]]
+    monkeypatch.setattr(digit_cleanup, "already_mnist", lambda gray: False)
+    for image in boldest:
         assert digit_cleanup.preprocess(image.float() / 255)[1] is None
 
 
