@@ -68,7 +68,8 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
             if not self.allowed("POST"):
                 return
             length = self.headers.get("Content-Length")
-            if length is None or not length.isdigit():
+            ## isascii(): isdigit() alone also accepts digits such as "²", which int() refuses.
+            if length is None or not (length.isascii() and length.isdigit()):
                 self.reply_json(HTTPStatus.LENGTH_REQUIRED,
                                 {"error": "send the picture with a Content-Length"})
                 return
@@ -147,13 +148,20 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET  # ::1 is IPv6
         daemon_threads = True  # Ctrl-C does not wait for open connections
 
+        def handle_error(self, request, client_address) -> None:
+            ## A browser that goes away before its answer (a reload, a closed tab) breaks the
+            ## connection mid-reply: nothing is wrong here, so no traceback. Any other error
+            ## in the handler is a bug, and keeps the standard library's traceback.
+            if not isinstance(sys.exc_info()[1], ConnectionError):
+                super().handle_error(request, client_address)
+
     try:
         server = Server((host, port), Handler)
     except OSError as err:
         if err.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
             raise PortInUse(f"port {port} on {host} is already in use, by another program or "
                             "another server of this page: pass --port with another number, "
-                            "such as --port 8001") from err
+                            f"such as --port {port + 1 if port < 65535 else 8001}") from err
         raise
     return server
 
@@ -178,7 +186,8 @@ def host_allowed(header: str, host: str, port: int) -> bool:
     if host in ("127.0.0.1", "localhost", "::1"):
         return name in ("127.0.0.1", "localhost", "::1")
     if host in ("0.0.0.0", "::", ""):  # every address of this machine
-        return is_ip(name) or name in ("localhost", socket.gethostname().lower())
+        me = socket.gethostname().lower()  # macOS and many Linux machines also answer to .local
+        return is_ip(name) or name in ("localhost", me, me.removesuffix(".local") + ".local")
     return name == host.lower() or (is_ip(name) and is_ip(host)
                                     and ipaddress.ip_address(name) == ipaddress.ip_address(host))
 
@@ -214,8 +223,10 @@ def serve(server: ThreadingHTTPServer, host: str) -> None:
     print(f"Open http://{shown if ':' not in shown else f'[{shown}]'}:{port}/ in a browser "
           "to draw a digit. Ctrl-C to stop.", flush=True)
     if host not in ("127.0.0.1", "localhost", "::1"):
+        reach = (f"http://{socket.gethostname()}:{port}/ or this machine's IP address"
+                 if host in ("0.0.0.0", "::", "") else "the address above")
         print(f"note: listening on {host}: other machines on your network can use this page "
-              "too.", flush=True)
+              f"too, at {reach}.", flush=True)
     try:
         server.serve_forever()
     finally:

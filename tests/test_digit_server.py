@@ -4,6 +4,7 @@ import http.client
 import io
 import json
 import socket
+import struct
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -91,6 +92,33 @@ def test_a_bad_picture_gets_400_with_one_line_and_the_server_goes_on(page_server
     assert request(page_server, "POST", "/predict", drawn(3))[0] == 200
 
 
+@pytest.mark.parametrize("length", ["", "twelve", "\u00b2", "-5"])  # "²" passes str.isdigit()
+def test_a_missing_or_unreadable_content_length_gets_411(page_server, length):
+    headers = {"Content-Length": length} if length else {}
+    connection = http.client.HTTPConnection("127.0.0.1", page_server, timeout=60)
+    connection.putrequest("POST", "/predict", skip_host=True)
+    connection.putheader("Host", f"127.0.0.1:{page_server}")
+    for name, value in headers.items():
+        connection.putheader(name, value)
+    connection.endheaders()
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    connection.close()
+    assert response.status == 411 and answer == {"error": "send the picture with a Content-Length"}
+    assert request(page_server, "POST", "/predict", drawn(3))[0] == 200
+
+
+def hang_up_mid_request(port: int, body: bytes) -> None:
+    """Send a whole request, then close the connection at once, before the answer comes back,
+    the way a browser does on a reload: with a reset (SO_LINGER 0), so the server's write fails."""
+    connection = socket.create_connection(("127.0.0.1", port), timeout=30)
+    connection.sendall(f"POST /predict HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                       f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    linger = struct.pack("hh" if sys.platform == "win32" else "ii", 1, 0)  # on, 0 s
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+    connection.close()
+
+
 def test_a_body_over_the_limit_gets_413_without_being_read(page_server):
     ## Only the headers are sent: the server must answer without waiting for 21 MB.
     connection = socket.create_connection(("127.0.0.1", page_server), timeout=30)
@@ -134,6 +162,9 @@ def test_localhost_and_the_loopback_address_are_accepted(page_server):
 def test_the_host_rules_for_a_server_shared_on_the_network():
     allowed = digit_server.host_allowed
     assert allowed("192.168.1.5:8000", "0.0.0.0", 8000)  # an address of this machine
+    me = socket.gethostname().lower().removesuffix(".local")
+    assert allowed(f"{me}:8000", "0.0.0.0", 8000) and allowed(f"{me}.local:8000", "0.0.0.0", 8000)
+    assert not allowed(f"{me}.evil.example:8000", "0.0.0.0", 8000)
     assert allowed("[fe80::1]:8000", "0.0.0.0", 8000)
     assert not allowed("rebind.example:8000", "0.0.0.0", 8000)  # a name: refused
     assert allowed("192.168.1.5:8000", "192.168.1.5", 8000)
@@ -172,8 +203,8 @@ def test_a_port_in_use_is_one_line_and_exit_code_2(trained_checkpoint, capsys):
                              str(trained_checkpoint)]) == 2
     err = capsys.readouterr().err
     assert err == (f"error: port {port} on 127.0.0.1 is already in use, by another program or "
-                   "another server of this page: pass --port with another number, such as "
-                   "--port 8001\n")
+                   f"another server of this page: pass --port with another number, such as "
+                   f"--port {port + 1}\n")
 
 
 def test_a_missing_checkpoint_is_reported_before_anything_is_served(tmp_path, capsys):
@@ -190,13 +221,15 @@ def test_no_pictures_and_no_serve_is_a_usage_error(capsys):
 
 
 def test_serve_prints_the_address_and_ctrl_c_ends_it_with_one_line(trained_checkpoint):
+    ## On the way, a client hangs up before its answer: that is no error, and prints nothing.
     proc = start([sys.executable, "-u", "predict.py", "--serve", "--port", "0",
                              "--checkpoint", str(trained_checkpoint)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = proc.stdout.readline()
     assert first.startswith("Open http://127.0.0.1:") and first.strip().endswith("Ctrl-C to stop.")
     port = int(first.split(":")[2].split("/")[0])
-    assert request(port, "POST", "/predict", drawn(2))[0] == 200
+    hang_up_mid_request(port, drawn(4))
+    assert request(port, "POST", "/predict", drawn(2))[0] == 200  # served after the hang-up
     press_ctrl_c(proc)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and err.strip() == "interrupted: stopped."
