@@ -82,7 +82,7 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
             raise ImageProblem("no such file")
         if path.is_dir():
             raise ImageProblem("is a directory; pass the image files inside it (e.g. dir/*.png)")
-        if path.stat().st_size == 0:
+        if path.is_file() and path.stat().st_size == 0:  # not a pipe: those have no size
             raise ImageProblem("is empty (0 bytes)")
     try:
         with warnings.catch_warnings():
@@ -93,8 +93,10 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
             factor = math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))
             img.draft("L", (img.width // factor, img.height // factor))
             img.load()
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        raise ImageProblem(f"refused: too many pixels to decode safely ({err})") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise ImageProblem(f"is refused: over {Image.MAX_IMAGE_PIXELS // 1_000_000} megapixels, "
+                           "too many to decode safely (a small file can decode to gigabytes)"
+                           ) from None
     except UnidentifiedImageError:
         raise ImageProblem("is not an image Pillow can read (PNG, JPEG, BMP, GIF, TIFF, "
                            "WebP...)") from None
@@ -102,22 +104,30 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
         raise ImageProblem(f"is truncated or damaged ({err})") from None
     if max(img.size) < SPECK_EXTENT:
         raise ImageProblem(f"is only {img.width} x {img.height} pixels: too small to hold a digit")
+    if img.mode == "LAB":  # a Lab TIFF (Photoshop): its L channel is the lightness, a gray
+        img = img.getchannel("L")
     if (factor := math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))) > 1:
         img = reduce_in_strips(img, factor)  # not a JPEG, or more than draft()'s 1/8 could do
     img = ImageOps.exif_transpose(img)  # phones store "rotate me" in EXIF instead of rotating
     if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit or float grayscale
         x = torch.frombuffer(bytearray(img.convert("F").tobytes()), dtype=torch.float32)
-        x = x.view(img.height, img.width).nan_to_num(0.0)
+        x = x.view(img.height, img.width)
+        x = torch.where(x.isfinite(), x, 0.0)  # NaN or infinity: a damaged pixel, read as black
         ## The mode does not say which range the values use: some 16-bit files hold 0..255, and
-        ## float ones 0..1. The largest value decides (a 16-bit picture that stays below 256
-        ## throughout, nearly black, is read as if it were 8-bit).
-        return x / (65535.0 if x.max() > 255 else 255.0 if x.max() > 1 else 1.0)
+        ## float ones 0..1 (a little over 1 where a filter overshot). The largest value decides
+        ## (a 16-bit picture that stays below 256 throughout, nearly black, is read as 8-bit).
+        top = x.max()
+        return (x / (65535.0 if top > 255 else 255.0 if top > 1.5 else 1.0)).clamp(0, 1)
     if img.mode in ("RGBA", "LA", "PA", "P") or "transparency" in img.info:
         ## Transparent pixels have arbitrary colour underneath (often black, like the ink).
         ## Put them on white paper, the way the picture looks in a viewer.
         rgba = img.convert("RGBA")
         img = Image.alpha_composite(Image.new("RGBA", rgba.size, "white"), rgba)
-    gray = img.convert("L")  # also handles CMYK, palette, 1-bit and YCbCr images
+    try:
+        gray = img.convert("L")  # also handles CMYK, palette, 1-bit, YCbCr and HSV images
+    except ValueError:  # a mode Pillow cannot convert, such as premultiplied "La"
+        raise ImageProblem(f"is in colour mode {img.mode}, which Pillow cannot turn into gray: "
+                           "save it as PNG or JPEG") from None
     x = torch.frombuffer(bytearray(gray.tobytes()), dtype=torch.uint8).view(gray.height, gray.width)
     return x.float().div_(255)
 

@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             result, digit, probs = read_and_classify(path, model, checkpoint, device)
         except ImageProblem as err:  # a file that is not a readable picture
             say(f"{path}: error: {err}", sys.stderr)
+            results.append({"path": str(path), "error": str(err)})  # --json lists it too
             failed += 1
             continue
         except Exception as err:  # a bug here: say so, and go on with the other pictures
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"{path}: error: unexpected {type(err).__name__}: {common.first_line(err)}. "
                 "This is a bug in predict.py: please report it with the picture (--debug "
                 "shows the traceback).", sys.stderr)
+            results.append({"path": str(path), "error": f"unexpected {type(err).__name__}"})
             failed += 1
             continue
         if result["warning"]:

@@ -73,6 +73,18 @@ def test_bad_files_are_reported_and_the_good_ones_still_classified(trained_check
     assert results(out, trained_checkpoint)[0].startswith(f"{tmp_path / 'good.png'}: ")
 
 
+def test_json_lists_a_bad_file_with_its_error_in_its_place(trained_checkpoint, tmp_path,
+                                                            capsys):
+    digit_picture(5).save(tmp_path / "good.png")
+    (tmp_path / "notes.png").write_text("not an image")
+    paths = [str(tmp_path / "notes.png"), str(tmp_path / "good.png")]
+    assert predict.main(["--checkpoint", str(trained_checkpoint), "--json", *paths]) == 1
+    bad, good = json.loads(capsys.readouterr().out)
+    assert bad == {"path": paths[0], "error": "is not an image Pillow can read (PNG, JPEG, BMP, "
+                                              "GIF, TIFF, WebP...)"}
+    assert good["path"] == paths[1] and "error" not in good and good["warning"] is None
+
+
 def test_a_blank_picture_gets_a_warning(trained_checkpoint, tmp_path, capsys):
     Image.new("RGB", (200, 200), (240, 240, 235)).save(tmp_path / "blank.png")
     assert predict.main(["--checkpoint", str(trained_checkpoint), str(tmp_path / "blank.png")]) == 0
