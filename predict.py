@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.images and not args.serve:
         parser.error("give one or more pictures to classify, or --serve to draw on a page")
+    if args.serve and args.images:  # the page takes its pictures from the browser
+        parser.error("--serve takes no pictures: classify them without --serve, or drop them "
+                     "on the page")
     if args.checkpoint is not None and args.model is not None:
         parser.error("give --model (for its default checkpoint) or --checkpoint, not both")
     given = args.checkpoint is not None

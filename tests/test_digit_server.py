@@ -220,6 +220,13 @@ def test_no_pictures_and_no_serve_is_a_usage_error(capsys):
     assert "give one or more pictures to classify, or --serve" in capsys.readouterr().err
 
 
+def test_pictures_given_with_serve_are_a_usage_error_not_ignored(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        predict.main(["--serve", "samples/drawing_7.png"])
+    assert exit_.value.code == 2
+    assert "--serve takes no pictures" in capsys.readouterr().err
+
+
 def test_serve_prints_the_address_and_ctrl_c_ends_it_with_one_line(trained_checkpoint):
     ## On the way, a client hangs up before its answer: that is no error, and prints nothing.
     proc = start([sys.executable, "-u", "predict.py", "--serve", "--port", "0",
