@@ -476,14 +476,14 @@ def test_real_mnist_digits_are_never_taken_for_specks():
 
 def test_the_boldest_real_mnist_digits_are_not_taken_for_dots(monkeypatch):
     ## Through the whole clean-up, as a photo of them would go (MNIST's own 28x28 pictures skip
-    ## it): the 300 with the most ink have the widest strokes for their size.
+    ## it): the 100 with the most ink have the widest strokes for their size.
     import common
 
     root = os.environ.get("MNIST_DATA_DIR")
     if not (root and Path(root, "MNIST", "raw").is_dir()):
         pytest.skip("set MNIST_DATA_DIR to a folder containing MNIST/raw to check real digits")
     images, _ = common.load_mnist(root, train=False, download=False)
-    boldest = images[(images > 127).sum((1, 2)).argsort(descending=True)[:300]]
+    boldest = images[(images > 127).sum((1, 2)).argsort(descending=True)[:100]]
     monkeypatch.setattr(digit_cleanup, "already_mnist", lambda gray: False)
     for image in boldest:
         assert digit_cleanup.preprocess(image.float() / 255)[1] is None

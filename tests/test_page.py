@@ -116,7 +116,7 @@ def test_clear_while_an_answer_is_on_its_way_leaves_the_pad_blank(page):
                                                                      500)); }""")
     draw(page, 1)
     page.click("#clear")
-    page.wait_for_timeout(1500)
+    page.wait_for_timeout(1000)  # twice the delay: the answer would be on screen by now
     assert page.inner_text("#guess") == "?" and page.inner_text("#warning") == ""
     draw(page, 1)  # and the next drawing is answered as usual
     page.wait_for_function("document.getElementById('guess').textContent !== '?'")
