@@ -163,7 +163,8 @@ def main():
     parser.add_argument("--model", choices=sorted(common.MODELS), default="mlp")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--epochs", type=int, default=5,
-                        help="epochs of each pipeline; the fastest of each is compared")
+                        help="epochs of each pipeline; the median of the epoch-by-epoch "
+                             "ratios (from epoch 2 on) is compared")
     parser.add_argument("--end-to-end", action="store_true")
     parser.add_argument("--pairs", type=int, default=3,
                         help="--end-to-end: how many alternated pairs of runs")
