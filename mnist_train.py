@@ -679,8 +679,10 @@ def write_png(path: Path, image: Image.Image) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    ## allow_abbrev=False: argparse would take --epoch for --epochs, but --resume must know
+    ## exactly which settings the command line gives (run_files.given_on_command_line).
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=common.HelpFormatter)
+                                     formatter_class=common.HelpFormatter, allow_abbrev=False)
     # training
     parser.add_argument("--epochs", type=positive(int), default=5, help="passes over the data")
     parser.add_argument("--batch-size", type=positive(int), default=64,
@@ -732,7 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
                         default=None, help="mixed precision: bf16, or fp16 with a GradScaler "
                         "(auto: bf16 on CPUs and on GPUs that support it, else fp16)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
-    parser.add_argument("--seed", type=int, default=42,
+    parser.add_argument("--seed", type=seed_number, default=42,
                         help="same seed, same run (bit for bit on a CPU; GPUs: --deterministic)")
     parser.add_argument("--deterministic", action="store_true",
                         help="bit-identical runs on a GPU too, at some cost in speed")
@@ -761,9 +763,20 @@ def positive(kind):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
         if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+            raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, got {text}")
+        if value > 1e30:  # a learning rate of 1e39 would not even fit in a float32 tensor
+            raise argparse.ArgumentTypeError(f"must be at most 1e30, got {text}")
         return value
     return parse
+
+
+def seed_number(text: str) -> int:
+    """argparse type: a seed from 0 to 2**32 - 1 (torch takes up to 2**64 - 1, but each epoch
+    and each torchrun process adds its number to the seed)."""
+    if not text.isdigit() or int(text) >= 2**32:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {2**32 - 1}, "
+                                         f"got {text!r}")
+    return int(text)
 
 
 def whole_number(text: str) -> int:

@@ -91,7 +91,7 @@ def init_weights(module: nn.Module) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=common.HelpFormatter)
+                                     formatter_class=common.HelpFormatter, allow_abbrev=False)
     parser.add_argument("--epochs", type=int, default=10, help="passes over the data")
     parser.add_argument("--batch-size", type=int, default=64, help="samples per training step")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate, after warmup")
@@ -109,8 +109,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="same seed, same run")
     args = parser.parse_args()
     for name in ("epochs", "batch_size", "lr", "clip_grad", "samples", "input_dim", "hidden_dim"):
-        if not getattr(args, name) > 0:
-            parser.error(f"--{name.replace('_', '-')} must be greater than 0")
+        if not 0 < getattr(args, name) <= 1e30:  # also refuses nan and inf
+            parser.error(f"--{name.replace('_', '-')} must be a finite number greater than 0")
+    if args.samples < 4:  # a quarter of --samples is the validation set
+        parser.error("--samples must be at least 4")
+    if not 0 <= args.warmup_epochs <= args.epochs:
+        parser.error(f"--warmup-epochs must be from 0 to --epochs ({args.epochs})")
+    if not 0 <= args.seed < 2**32:
+        parser.error(f"--seed must be a whole number from 0 to {2**32 - 1}")
     if args.num_classes < 2:
         parser.error("--num-classes must be at least 2")
     if args.num_workers < 0:

@@ -145,12 +145,17 @@ def test_tensorboard_logs_are_written(tiny_mnist, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--epochs", "0"], "--epochs: must be greater than 0"),
+    (["--epochs", "0"], "--epochs: must be a finite number greater than 0, got 0"),
     (["--num-workers", "-1"], "--num-workers: expected 0 or a positive whole number, got '-1'"),
-    (["--batch-size", "-4"], "--batch-size: must be greater than 0"),
-    (["--lr", "0"], "--lr: must be greater than 0"),
-    (["--lr", "nan"], "--lr: must be greater than 0"),
+    (["--batch-size", "-4"], "--batch-size: must be a finite number greater than 0"),
+    (["--lr", "0"], "--lr: must be a finite number greater than 0"),
+    (["--lr", "nan"], "--lr: must be a finite number greater than 0, got nan"),
+    (["--lr", "inf"], "--lr: must be a finite number greater than 0, got inf"),
+    (["--lr", "1e39"], "--lr: must be at most 1e30, got 1e39"),  # beyond float32
     (["--lr", "fast"], "expected a positive number, got 'fast'"),
+    (["--seed", "-1"], "--seed: expected a whole number from 0 to 4294967295, got '-1'"),
+    (["--seed", str(2**64)], "--seed: expected a whole number from 0 to 4294967295"),
+    (["--epoch", "3"], "unrecognized arguments: --epoch 3"),  # no abbreviations: see --resume
     (["--device", "banana"], "unknown device 'banana'"),
     (["--val-size", "800"], "--val-size 800 leaves nothing to train on"),
     (["--subset", "601"], "--subset 601 is larger than the 600 training images"),

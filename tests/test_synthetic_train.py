@@ -73,3 +73,20 @@ def test_ctrl_c_ends_the_run_with_one_line_and_exit_code_130():
     press_ctrl_c(proc)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130 and err.strip() == "interrupted: stopped."
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lr", "inf"], "--lr must be a finite number greater than 0"),
+    (["--lr", "1e39"], "--lr must be a finite number greater than 0"),  # beyond float32
+    (["--clip-grad", "nan"], "--clip-grad must be a finite number greater than 0"),
+    (["--samples", "3"], "--samples must be at least 4"),
+    (["--warmup-epochs", "nan"], "--warmup-epochs must be from 0 to --epochs (10)"),
+    (["--warmup-epochs", "-1"], "--warmup-epochs must be from 0 to --epochs (10)"),
+    (["--epochs", "2", "--warmup-epochs", "5"], "--warmup-epochs must be from 0 to --epochs (2)"),
+    (["--seed", "-1"], "--seed must be a whole number from 0 to 4294967295"),
+])
+def test_bad_settings_are_usage_errors_before_any_work(monkeypatch, capsys, args, message):
+    monkeypatch.setattr("sys.argv", ["synthetic_train.py", *args])
+    with pytest.raises(SystemExit) as exit_:
+        synthetic_train.main()
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
