@@ -844,7 +844,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if common.is_main_process():
             go_on = run_files.resume_command(args, parser)
-            print(f"\ninterrupted: stopped. {outputs.on_disk(go_on)}", file=sys.stderr)
+            print(f"\ninterrupted: stopped. {outputs.on_disk(go_on, args.epochs)}",
+                  file=sys.stderr)
         return 130
     except FloatingPointError as err:  # the loss became NaN or inf
         print(f"error{where}: {err} With this script: --lr {args.lr / 10:g} or --clip-grad 1.0. "

@@ -320,6 +320,18 @@ def test_ctrl_c_says_what_is_on_disk_and_the_earlier_model_stays_findable(tiny_m
     assert kept.read_bytes() == earlier
 
 
+def test_ctrl_c_in_the_final_test_offers_no_resume(tiny_mnist, tmp_path, monkeypatch, capsys):
+    ## Every epoch is trained and saved; --resume would only say there is nothing left to do.
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mnist_train, "predict_all", interrupted)  # the final test's predictions
+    assert train(tiny_mnist, tmp_path / "m.pt", "--epochs", "2") == 130
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("complete and loadable. Training had finished (2 of 2 epochs); only the "
+                        "final test and the mistakes picture were cut short.")
+    assert "--resume" not in err
+
 def test_a_damaged_mnist_file_is_named(tiny_mnist_copy, tmp_path, capsys):
     labels = tiny_mnist_copy / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
     labels.write_bytes(labels.read_bytes()[:50])
