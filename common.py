@@ -413,6 +413,9 @@ def load_mnist(data_dir: str | Path, train: bool, download: bool = True,
         raise DataError(f"{images_file} holds {len(images):,} images but {labels_file} "
                         f"{len(labels):,} labels: they come from different copies. Delete both, "
                         "and their .gz, then run again.")
+    if len(images) == 0:
+        raise DataError(f"{images_file} holds no images: delete it and {labels_file}, and "
+                        "their .gz, then run again")
     check_labels(labels, 10, where=str(labels_file))
     return images, labels
 

@@ -565,6 +565,16 @@ def test_images_and_labels_of_different_lengths_are_refused(tiny_mnist_copy):
         common.load_mnist(tiny_mnist_copy, train=False)
 
 
+def test_a_test_set_of_no_images_is_refused_before_training(tiny_mnist_copy):
+    from conftest import write_idx
+
+    raw = tiny_mnist_copy / "MNIST" / "raw"
+    write_idx(raw / "t10k-images-idx3-ubyte", torch.zeros(0, 28, 28, dtype=torch.uint8))
+    write_idx(raw / "t10k-labels-idx1-ubyte", torch.zeros(0, dtype=torch.uint8))
+    with pytest.raises(common.DataError, match="t10k-images-idx3-ubyte holds no images"):
+        common.load_mnist(tiny_mnist_copy, train=False)
+
+
 def test_a_truncated_idx_file_is_named_with_the_fix(tiny_mnist_copy):
     path = tiny_mnist_copy / "MNIST" / "raw" / "train-images-idx3-ubyte"
     path.write_bytes(path.read_bytes()[:-100])
