@@ -160,11 +160,15 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
             raise ResumeError(f"--resume: {outputs.checkpoint} holds no training state (it was "
                              f"saved before --resume existed, or {outputs.resume.name} beside "
                              "it was removed): start a new run without --resume")
-        raise ResumeError(f"--resume: there is no run to resume at {outputs.checkpoint}; give the "
-                         "--save-path (or --model) that the run was started with")
+        raise ResumeError(f"--resume: there is no run to resume at {outputs.checkpoint}: it "
+                         "saved no epoch yet (stopped during its first one: start it again "
+                         "without --resume), or it was started with another --save-path (or "
+                         "--model): give that one")
     try:
         state = torch.load(outputs.resume, weights_only=True)  # tensors and plain values only
         settings, done = dict(state["settings"]), int(state["epoch"])
+        for key in ("model", "optimizer", "scaler", "scheduler", "rng", "best", "history"):
+            state[key]  # all there, or it is a KeyError: damaged, or from another version
     except Exception as err:
         raise common.CheckpointError(f"{outputs.resume} is damaged, so the run cannot be "
                                      f"resumed ({common.first_sentence(err)})") from err
@@ -174,9 +178,10 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
             setattr(args, name, value)
         elif getattr(args, name) != value and name != "epochs":  # more epochs are fine
             flag = "--" + name.replace("_", "-")
-            raise ResumeError(f"--resume: this run was started with {flag} {value}, not "
-                             f"{getattr(args, name)}; leave {flag} out to go on with it, or "
-                             "start a new run")
+            started = "without " + flag if value is None else f"with {flag} {as_flag(value)}"
+            raise ResumeError(f"--resume: this run was started {started}, not with {flag} "
+                             f"{as_flag(getattr(args, name))}; leave {flag} out to go on with "
+                             "it, or start a new run")
     state["epoch"] = done
     ## A schedule's learning rate was planned over the run's epochs: it cannot be stretched.
     if settings["schedule"] != "constant" and args.epochs != settings["epochs"]:
@@ -187,13 +192,19 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
         raise ResumeError(f"--resume: this run has trained all its {done} epochs, and its "
                           f"{args.schedule} learning rate has come down to 0: to train more, "
                           "start a new run")
-    if args.epochs <= state["epoch"]:
-        raise ResumeError(f"--resume: this run has trained {state['epoch']} of {args.epochs} "
-                         f"epochs already; pass --epochs with more than {state['epoch']} to go on")
+    if args.epochs <= done:
+        raise ResumeError(f"--resume: this run has trained {done} epochs already"
+                          + (f", all {done} of its --epochs" if args.epochs == done else "")
+                          + f"; pass --epochs with more than {done} to go on")
     outputs.state = state
     outputs.saved = tuple(state["best"])[::-1]  # (epoch, val acc) of this run's best so far
     if common.is_main_process():
         print(f"resuming {outputs.checkpoint}: epochs {state['epoch'] + 1} to {args.epochs}")
+
+
+def as_flag(value) -> str:
+    """A setting's value as it is typed on the command line: [128, 64] as 128 64."""
+    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def given_on_command_line(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
@@ -206,8 +217,13 @@ def given_on_command_line(parser: argparse.ArgumentParser, argv: list[str] | Non
 def resume_training(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scaler: torch.amp.GradScaler | None, scheduler, world: int):
     """Put the saved training state back; return (best acc, best epoch, history, next epoch)."""
-    model.load_state_dict(state["model"])  # the last epoch's weights, not the best ones
-    optimizer.load_state_dict(state["optimizer"])  # Adam's running averages and step count
+    try:
+        model.load_state_dict(state["model"])  # the last epoch's weights, not the best ones
+        optimizer.load_state_dict(state["optimizer"])  # Adam's running averages and step count
+    except (RuntimeError, ValueError, KeyError) as err:  # the state of another model's run
+        raise common.CheckpointError("--resume: the training state saved beside the checkpoint "
+                                     "(its _resume.pt) does not fit the model its settings "
+                                     f"describe ({common.first_sentence(err)})") from None
     if scaler is not None and state["scaler"] is not None:
         scaler.load_state_dict(state["scaler"])
     if scheduler is not None:  # where the learning rate schedule had got to

@@ -682,13 +682,20 @@ def test_a_finished_run_can_be_resumed_for_more_epochs(tiny_mnist, tmp_path, cap
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--epochs", "2"], "--resume: this run has trained 2 of 2 epochs already; pass --epochs "
-                        "with more than 2 to go on"),
+    (["--epochs", "2"], "--resume: this run has trained 2 epochs already, all 2 of its --epochs; "
+                        "pass --epochs with more than 2 to go on"),
+    (["--epochs", "1"], "--resume: this run has trained 2 epochs already; pass --epochs with "
+                        "more than 2 to go on"),
     (["--epochs", "4", "--lr", "0.01"], "--resume: this run was started with --lr 0.001, not "
-                                        "0.01; leave --lr out to go on with it"),
+                                        "with --lr 0.01; leave --lr out to go on with it"),
+    (["--epochs", "4", "--hidden", "128", "64"], "--resume: this run was started without "
+                                                 "--hidden, not with --hidden 128 64"),
     (["--epochs", "4", "--dry-run"], "--resume goes on with a real run"),
+    (["--epochs", "4", "--save-path", "elsewhere.pt"], "no run to resume at elsewhere.pt: it saved "
+                                                       "no epoch yet"),
     (["--epochs", "4", "--schedule", "warmup-cosine"], "--resume: this run was started with "
-                                                       "--schedule constant, not warmup-cosine"),
+                                                       "--schedule constant, not with --schedule "
+                                                       "warmup-cosine"),
 ])
 def test_resume_refuses_what_would_not_continue_the_same_run(tiny_mnist, tmp_path, capsys,
                                                              flags, message):
@@ -697,6 +704,25 @@ def test_resume_refuses_what_would_not_continue_the_same_run(tiny_mnist, tmp_pat
     with pytest.raises(SystemExit) as exit_:
         train(tiny_mnist, tmp_path / "a.pt", "--resume", *flags)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda state: state.pop("optimizer"), "is damaged, so the run cannot be resumed"),
+    (lambda state: state["settings"].update(hidden=[32]),
+     "the training state saved beside the checkpoint (its _resume.pt) does not fit the model"),
+])
+def test_resume_of_a_state_from_another_run_or_version_is_one_line(tiny_mnist, tmp_path, capsys,
+                                                                   edit, message):
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "1") == 0
+    best = (tmp_path / "a.pt").read_bytes()
+    state = torch.load(tmp_path / "a_resume.pt", weights_only=True)
+    edit(state)
+    torch.save(state, tmp_path / "a_resume.pt")
+    capsys.readouterr()
+    assert train(tiny_mnist, tmp_path / "a.pt", "--resume", "--epochs", "2") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+    assert (tmp_path / "a.pt").read_bytes() == best  # the run's best model is untouched
 
 
 def test_a_scheduled_run_resumes_only_over_the_epochs_its_schedule_was_planned_for(
