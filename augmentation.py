@@ -6,10 +6,10 @@
         ...  # the training step, as before
 
 augment() tilts, scales and shifts every digit of a batch, and thickens or thins two in three,
-each with its own random numbers; add_writing_styles() first draws a few strokes that MNIST's writers rarely used
-(a flag on a 1, a bar on a 7, a tail turned left on a 9). collate_and_augment() is the same
-for the classic DataLoader pipeline. mnist_train.py imports this module; you can copy it
-into a project of your own: it needs only torch.
+each with its own random numbers; add_writing_styles() first draws a few strokes that MNIST's
+writers rarely used (a flag on a 1, a bar on a 7, a tail turned left on a 9).
+collate_and_augment() is the same for the classic DataLoader pipeline. mnist_train.py imports
+this module; you can copy it into a project of your own: it needs only torch.
 """
 
 from __future__ import annotations

@@ -44,14 +44,22 @@ import time
 from functools import partial
 from pathlib import Path
 
-import torch
-from PIL import Image, ImageDraw, ImageFont
-from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+## Ctrl-C while these load (`import torch` takes a second or two) ends the script with one
+## line, as Ctrl-C does later, instead of a traceback from deep inside torch.
+try:
+    import torch
+    from PIL import Image, ImageDraw, ImageFont
+    from torch import nn
+    from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-import augmentation
-import common
-import run_files
+    import augmentation
+    import common
+    import run_files
+except KeyboardInterrupt:
+    if __name__ != "__main__":  # imported (a notebook, the tests): the importer handles it
+        raise
+    print("\ninterrupted: stopped while starting up.", file=sys.stderr)
+    sys.exit(130)
 
 
 def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:

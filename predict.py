@@ -34,12 +34,20 @@ import sys
 import traceback
 from pathlib import Path
 
-import torch
-from PIL import Image
+## Ctrl-C while these load (`import torch` takes a second or two) ends the script with one
+## line, as Ctrl-C does later, instead of a traceback from deep inside torch.
+try:
+    import torch
+    from PIL import Image
 
-import common
-import digit_cleanup
-from digit_cleanup import ImageProblem
+    import common
+    import digit_cleanup
+    from digit_cleanup import ImageProblem
+except KeyboardInterrupt:
+    if __name__ != "__main__":  # imported (a notebook, the tests): the importer handles it
+        raise
+    print("\ninterrupted: stopped while starting up.", file=sys.stderr)
+    sys.exit(130)
 
 
 # classifying: the main path ------------------------------------------------------------------

@@ -27,11 +27,19 @@ import math
 import signal
 import sys
 
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
+## Ctrl-C while these load (`import torch` takes a second or two) ends the script with one
+## line, as Ctrl-C does later, instead of a traceback from deep inside torch.
+try:
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
 
-import common
+    import common
+except KeyboardInterrupt:
+    if __name__ != "__main__":  # imported (a notebook, the tests): the importer handles it
+        raise
+    print("\ninterrupted: stopped while starting up.", file=sys.stderr)
+    sys.exit(130)
 
 
 # 1. data ------------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """Start at the speed of `import torch`: no script pays for torchvision it does not use."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import digit_picture
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,3 +46,18 @@ def test_the_scripts_import_no_torchvision_and_freeze_what_lives_until_exit(tiny
     assert reports == ["import False False", "mnist_train 0 False True", "predict 0 False True",
                        "synthetic_train False True"], proc.stderr[-2000:]
     assert (tmp_path / "m_mistakes.png").exists()  # the mistakes picture was drawn, by Pillow
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="os.kill(SIGINT) is not Ctrl-C on Windows")
+@pytest.mark.parametrize("script", ["mnist_train.py", "predict.py", "synthetic_train.py"])
+def test_ctrl_c_while_torch_loads_is_one_line_and_exit_code_130(tmp_path, script):
+    ## A stand-in torch that presses Ctrl-C on itself as it is imported: the moment a real
+    ## Ctrl-C lands in the first second or two of every run.
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run([sys.executable, script], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 130
+    assert result.stderr == "\ninterrupted: stopped while starting up.\n"
