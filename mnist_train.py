@@ -526,7 +526,11 @@ def compile_problem(device: torch.device) -> str | None:
     if device.type == "cpu" and sys.platform == "win32" and shutil.which("cl") is None:
         return ("on Windows it needs Microsoft's C++ compiler (cl.exe, from Visual Studio's "
                 "Build Tools); run from an 'x64 Native Tools Command Prompt' that has it")
-    compilers = [os.environ.get("CXX"), *map(shutil.which, ("g++", "clang++", "c++"))]
+    cxx = os.environ.get("CXX", "").split()  # the compiler torch.compile then uses, if set
+    if device.type == "cpu" and sys.platform != "win32" and cxx and not shutil.which(cxx[0]):
+        return (f"the C++ compiler that CXX names, {cxx[0]}, was not found: fix CXX, or unset "
+                "it to let torch.compile look for g++ or clang++")
+    compilers = [*cxx, *map(shutil.which, ("g++", "clang++", "c++"))]
     if device.type == "cpu" and sys.platform != "win32" and not any(compilers):
         return ("on the CPU it needs a C++ compiler, and none was found (install g++ or clang, "
                 "e.g. with Xcode's command line tools on a Mac)")

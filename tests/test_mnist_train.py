@@ -985,6 +985,17 @@ def test_compile_without_a_compiler_is_refused_before_any_work(monkeypatch, tmp_
     assert message in capsys.readouterr().err
 
 
+def test_compile_with_a_cxx_that_does_not_exist_is_refused_before_any_work(
+        monkeypatch, tmp_path, capsys, no_network):
+    monkeypatch.setattr(mnist_train.sys, "platform", "linux")
+    monkeypatch.setenv("CXX", "/nope/g++ -O2")
+    with pytest.raises(SystemExit) as exit_:
+        train(tmp_path / "no_data", tmp_path / "m.pt", "--compile", "--device", "cpu")
+    assert exit_.value.code == 2
+    assert ("--compile: the C++ compiler that CXX names, /nope/g++, was not found"
+            in capsys.readouterr().err)
+
+
 @pytest.mark.parametrize("cuda, says", [(None, "is a CPU-only build"),
                                         ("12.6", "is built for CUDA 12.6, but it finds no")])
 def test_a_gpu_that_pytorch_cannot_use_gets_one_note(tiny_mnist, tmp_path, monkeypatch, capsys,
