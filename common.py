@@ -450,9 +450,15 @@ def _download(data_dir: str | Path, dataset: str, raw: Path) -> None:
 
     old_timeout = socket.getdefaulttimeout()
     socket.setdefaulttimeout(30)  # a blocked network fails after 30 s instead of hanging
+    new_folders = [f for f in (raw, *raw.parents) if not f.exists()]  # deepest first
     try:
         getattr(datasets, dataset)(root=data_dir, download=True)
     except (RuntimeError, OSError) as err:  # offline, blocked mirror, bad .gz, disk full
+        for folder in new_folders:  # no empty folders left behind, e.g. by a typo in the path
+            try:
+                folder.rmdir()  # only if it is empty
+            except OSError:
+                break
         for name, md5 in getattr(datasets, dataset).resources:
             gz = raw / name
             if gz.exists() and not datasets.utils.check_integrity(str(gz), md5):

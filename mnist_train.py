@@ -374,6 +374,9 @@ def make_loaders(args, images, labels, test_images, test_labels, splits, device,
     mean, std = normalise
     digits = args.dataset == "mnist"  # augment(styles=): handwriting styles are for digits
     if args.loader == "memory":
+        if args.num_workers:  # nothing to spread over processes: batches are tensor slices
+            raise UsageError("--num-workers is for --loader dataloader; the in-memory loader "
+                             "needs no worker processes")
         ## Decode and normalise every image once, into one tensor on the training device.
         def loader(imgs, labs, idx, batch_size, shuffle=False, rank=rank, world=world):
             inputs = common.normalize_images(imgs[idx], mean, std, device)
@@ -860,8 +863,11 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
         return 130
     except FloatingPointError as err:  # the loss became NaN or inf
+        kept = ("The best checkpoint saved so far is unchanged." if outputs.saved else
+                "This run saved no checkpoint." if not outputs.checkpoint.exists() else
+                f"This run saved nothing: {outputs.checkpoint}, an earlier run's, is unchanged.")
         print(f"error{where}: {err} With this script: --lr {args.lr / 10:g} or --clip-grad 1.0. "
-              "The best checkpoint saved so far is unchanged.", file=sys.stderr)
+              f"{kept}", file=sys.stderr)
         return 1
     except (common.DataError, common.CheckpointError, common.OutputError) as err:
         print(f"error{where}: {common.sentence(str(err))}", file=sys.stderr)

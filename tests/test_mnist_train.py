@@ -159,6 +159,7 @@ def test_tensorboard_logs_are_written(tiny_mnist, tmp_path):
     (["--device", "banana"], "unknown device 'banana'"),
     (["--val-size", "800"], "--val-size 800 leaves nothing to train on"),
     (["--subset", "601"], "--subset 601 is larger than the 600 training images"),
+    (["--num-workers", "2"], "--num-workers is for --loader dataloader"),
 ])
 def test_bad_arguments_are_argparse_errors(tiny_mnist, tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_:
@@ -169,9 +170,10 @@ def test_bad_arguments_are_argparse_errors(tiny_mnist, tmp_path, capsys, args, m
 
 
 def test_missing_mnist_offline_names_the_folder(tmp_path, capsys, no_network):
-    assert train(tmp_path / "data", tmp_path / "m.pt") == 1
+    assert train(tmp_path / "typo" / "data", tmp_path / "m.pt") == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: MNIST is not in ") and f"{tmp_path}/data/MNIST/raw/" in err
+    assert err.startswith("error: MNIST is not in ") and f"{tmp_path}/typo/data/MNIST/raw/" in err
+    assert not (tmp_path / "typo").exists()  # the failed download leaves no empty folders
 
 
 MNIST_DIR = os.environ.get("MNIST_DATA_DIR")
@@ -237,7 +239,12 @@ def test_a_diverging_run_stops_with_advice_and_keeps_the_saved_model(tiny_mnist,
     err = capsys.readouterr().err
     assert err.startswith("error: the training loss became nan in epoch 1")
     assert "--lr 1e+11 or --clip-grad 1.0" in err and len(err.strip().splitlines()) == 1
+    ## it says what is on disk: in epoch 1 this run saved nothing, and the earlier model stays
+    assert err.strip().endswith(f"This run saved nothing: {save_path}, an earlier run's, is "
+                                "unchanged.")
     assert save_path.read_bytes() == good
+    assert train(tiny_mnist, tmp_path / "new.pt", "--optimizer", "sgd", "--lr", "1e12") == 1
+    assert capsys.readouterr().err.strip().endswith("This run saved no checkpoint.")
 
 
 def test_a_dry_run_does_not_replace_the_real_checkpoint(tiny_mnist, tmp_path, monkeypatch):
