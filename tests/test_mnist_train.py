@@ -914,6 +914,20 @@ def test_a_run_that_learned_gets_no_such_warning(tiny_mnist, tmp_path, capsys):
     assert "did not learn" not in capsys.readouterr().out
 
 
+def test_a_tiny_validation_set_at_zero_is_no_proof_that_nothing_was_learned(tmp_path, capsys,
+                                                                           monkeypatch):
+    ## --val-size 1: its one image can be wrong by bad luck. The test set says the model learned.
+    from conftest import make_tiny_mnist
+
+    data = make_tiny_mnist(tmp_path / "digits", n_train=1300, n_test=100)
+    evaluate = common.evaluate
+    monkeypatch.setattr(common, "evaluate", lambda *a, **k: (evaluate(*a, **k)[0], 0.0))
+    assert train(data, tmp_path / "m.pt", "--epochs", "3", "--val-size", "1") == 0
+    out = capsys.readouterr().out
+    test_acc = float(out.split("Test Accuracy: ")[1].split()[0])
+    assert test_acc > 0.3 and "did not learn" not in out  # chance is 0.1
+
+
 # platforms this machine is not: emulated ------------------------------------------------------
 @pytest.mark.parametrize("capability, expected", [((7, 5), torch.float16),
                                                   ((8, 0), torch.bfloat16)])
