@@ -123,6 +123,9 @@ def main() -> None:
         parser.error("--samples must be at least 4")
     if not 0 <= args.warmup_epochs <= args.epochs:
         parser.error(f"--warmup-epochs must be from 0 to --epochs ({args.epochs})")
+    if args.warmup_epochs == args.epochs:
+        print(f"note: the warmup takes all {args.epochs} epochs, so the learning rate only climbs "
+              "and never decays: give more --epochs than --warmup-epochs for the cosine part")
     if not 0 <= args.seed < 2**32:
         parser.error(f"--seed must be a whole number from 0 to {2**32 - 1}")
     if args.num_classes < 2:

@@ -90,3 +90,9 @@ def test_bad_settings_are_usage_errors_before_any_work(monkeypatch, capsys, args
     with pytest.raises(SystemExit) as exit_:
         synthetic_train.main()
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_warmup_as_long_as_the_run_gets_a_note(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["synthetic_train.py", "--epochs", "1", "--samples", "400"])
+    synthetic_train.main()  # --warmup-epochs is 1 by default
+    assert "note: the warmup takes all 1 epochs" in capsys.readouterr().out
