@@ -164,6 +164,9 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
                          "saved no epoch yet (stopped during its first one: start it again "
                          "without --resume), or it was started with another --save-path (or "
                          "--model): give that one")
+    if not outputs.resume.is_file():
+        raise ResumeError(f"--resume: {outputs.resume} is not a file (a folder?), so it holds no "
+                          "training state: move it away, or start a new run without --resume")
     try:
         state = torch.load(outputs.resume, weights_only=True)  # tensors and plain values only
         settings, done = dict(state["settings"]), int(state["epoch"])

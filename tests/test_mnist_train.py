@@ -713,6 +713,15 @@ def test_resume_refuses_what_would_not_continue_the_same_run(tiny_mnist, tmp_pat
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_resume_when_a_folder_has_the_training_state_s_name(tiny_mnist, tmp_path, capsys):
+    (tmp_path / "a_resume.pt").mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        train(tiny_mnist, tmp_path / "a.pt", "--resume", "--epochs", "2")
+    assert exit_.value.code == 2
+    assert f"--resume: {tmp_path / 'a_resume.pt'} is not a file (a folder?)" in \
+        capsys.readouterr().err
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda state: state.pop("optimizer"), "is damaged, so the run cannot be resumed"),
     (lambda state: state["settings"].update(hidden=[32]),
