@@ -198,7 +198,8 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
         if (not args.dry_run and len(splits[0]) >= 1000 and best_acc < chance
                 and correct / len(truth) < chance):
             print(did_not_learn(best_acc, len(classes), args.lr, args.optimizer,
-                                [float(row[1]) for row in history]))  # the train losses
+                                [float(row[1]) for row in history],  # the train losses
+                                args.clip_grad))
     common.wait_for_all_ranks()  # under torchrun the others wait for rank 0's test, then all end
 
 
@@ -485,7 +486,7 @@ def sanity_report(model_name, model, loader, criterion, device, sizes, untrained
 
 
 def did_not_learn(best_acc: float, classes: int, lr: float, optimizer: str,
-                  train_losses: list[float]) -> str:
+                  train_losses: list[float], clip_grad: float | None = None) -> str:
     """The warning for a run that stayed near chance, with what to check, in order."""
     ## Which way is the learning rate off? Too high, the steps overshoot and the loss jumps far
     ## above ln(classes), where an untrained model starts. Otherwise, a rate outside the range
@@ -502,6 +503,9 @@ def did_not_learn(best_acc: float, classes: int, lr: float, optimizer: str,
     else:
         rate = (f"--lr {lr:g}: if the loss jumped, try --lr {lr / 10:g}; if it barely fell, "
                 f"--lr {lr * 10:g}")
+    if clip_grad is not None and clip_grad < 1e-3:  # clipped that hard, every step is tiny
+        rate = f"--clip-grad {clip_grad:g} is so small that every step is nearly 0: try 1.0"
+
     return (f"warning: the best validation accuracy, {best_acc:.4f}, is near chance "
             f"({1 / classes:.2f} for {classes} classes): the model did not learn. Check, in this "
             f"order: the learning rate ({rate}); the labels (the sanity report shows their "
