@@ -127,7 +127,7 @@ def add_writing_styles(images: torch.Tensor, labels: torch.Tensor, p: float = 0.
     ## were chosen decides the size of the result, and only the GPU knows it).
     strokes = strokes * chosen.view(-1, 1, 1)  # nothing for the digits not chosen
     ## Paint the strokes in the picture's own ink colour, where they are brighter than it.
-    return torch.maximum(images, low + strokes[:, None] * (high - low)).to(images.dtype)
+    return torch.maximum(images, low + strokes[:, None] * (high - low))
 
 
 def draw_line(x0, y0, x1, y1, width: torch.Tensor, size: int) -> torch.Tensor:

@@ -48,8 +48,7 @@ class RunOutputs:
         self.earlier: Path | None = None  # where the earlier run's checkpoint now is
         self.saved: tuple[int, float] | None = None  # (epoch, val acc) this run has on disk
         self.state: dict | None = None  # with --resume: the state this run goes on from
-        self.resumable = False  # whether this run's training state is on disk
-        self.last_epoch = 0  # the last epoch whose training state is on disk
+        self.last_epoch = 0  # the last epoch whose training state is on disk (0: none yet)
 
     def save_training_state(self, state: dict) -> None:
         """Write what --resume needs to go on after this epoch; a failure only warns."""
@@ -59,7 +58,7 @@ class RunOutputs:
         torch.save(state, buffer)
         try:
             common.write_atomically(self.resume, buffer.getvalue())
-            self.resumable, self.last_epoch = True, state["epoch"]
+            self.last_epoch = state["epoch"]
         except common.OutputError as err:  # the run goes on; only --resume loses this epoch
             print(f"warning: {err} --resume cannot continue from epoch {state['epoch']}.",
                   file=sys.stderr)
@@ -122,7 +121,7 @@ class RunOutputs:
     def on_disk(self, resume_command: str, epochs: int) -> str:
         """One sentence on what is on disk now, for the message after Ctrl-C."""
         go_on = (f" To go on from the last epoch saved: {resume_command}."
-                 if self.resumable or self.state is not None else "")
+                 if self.last_epoch or self.state is not None else "")
         if self.last_epoch == epochs:  # stopped in the final test: there is nothing to go on with
             go_on = (f" Training had finished ({epochs} of {epochs} epochs); only the final "
                      "test and the mistakes picture were cut short.")
