@@ -55,6 +55,7 @@ try:
     import augmentation
     import common
     import run_files
+    from common import positive, seed_number, whole_number  # argparse types
 except KeyboardInterrupt:
     if __name__ != "__main__":  # imported (a notebook, the tests): the importer handles it
         raise
@@ -776,37 +777,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true",
                         help="one batch of train, validation and test, then stop (for CI)")
     return parser
-
-
-def positive(kind):
-    """argparse type: a positive int or float, with a readable error."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-        if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, got {text}")
-        if value > 1e30:  # a learning rate of 1e39 would not even fit in a float32 tensor
-            raise argparse.ArgumentTypeError(f"must be at most 1e30, got {text}")
-        return value
-    return parse
-
-
-def seed_number(text: str) -> int:
-    """argparse type: a seed from 0 to 2**32 - 1 (torch takes up to 2**64 - 1, but each epoch
-    and each torchrun process adds its number to the seed)."""
-    if not text.isdigit() or int(text) >= 2**32:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {2**32 - 1}, "
-                                         f"got {text!r}")
-    return int(text)
-
-
-def whole_number(text: str) -> int:
-    """argparse type: 0, 1, 2, ..."""
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected 0 or a positive whole number, got {text!r}")
-    return int(text)
 
 
 def device_type(name: str) -> str:

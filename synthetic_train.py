@@ -35,6 +35,7 @@ try:
     from torch.utils.data import DataLoader, Dataset
 
     import common
+    from common import positive, seed_number, whole_number  # argparse types
 except KeyboardInterrupt:
     if __name__ != "__main__":  # imported (a notebook, the tests): the importer handles it
         raise
@@ -100,25 +101,27 @@ def init_weights(module: nn.Module) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=common.HelpFormatter, allow_abbrev=False)
-    parser.add_argument("--epochs", type=int, default=10, help="passes over the data")
-    parser.add_argument("--batch-size", type=int, default=64, help="samples per training step")
-    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate, after warmup")
+    ## positive(int) and friends (common.py) refuse 0, negative, nan and inf with a clear line.
+    parser.add_argument("--epochs", type=positive(int), default=10, help="passes over the data")
+    parser.add_argument("--batch-size", type=positive(int), default=64,
+                        help="samples per training step")
+    parser.add_argument("--lr", type=positive(float), default=1e-3,
+                        help="peak learning rate, after warmup")
     parser.add_argument("--warmup-epochs", type=float, default=1.0,
                         help="epochs over which the learning rate climbs to --lr")
-    parser.add_argument("--clip-grad", type=float, default=1.0, help="max gradient norm")
-    parser.add_argument("--samples", type=int, default=8000, help="training samples")
-    parser.add_argument("--input-dim", type=int, default=20, help="numbers per sample")
-    parser.add_argument("--hidden-dim", type=int, default=64, help="units of the hidden layer")
+    parser.add_argument("--clip-grad", type=positive(float), default=1.0, help="max gradient norm")
+    parser.add_argument("--samples", type=positive(int), default=8000, help="training samples")
+    parser.add_argument("--input-dim", type=positive(int), default=20, help="numbers per sample")
+    parser.add_argument("--hidden-dim", type=positive(int), default=64,
+                        help="units of the hidden layer")
     parser.add_argument("--num-classes", type=int, default=4, help="classes to tell apart")
     ## 0: batches are made in this process. A ClusterDataset item is one row of a tensor that
     ## is already in memory, far cheaper than starting and feeding worker processes.
-    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
+    parser.add_argument("--num-workers", type=whole_number, default=0,
+                        help="DataLoader worker processes")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps, xpu")
-    parser.add_argument("--seed", type=int, default=0, help="same seed, same run")
+    parser.add_argument("--seed", type=seed_number, default=0, help="same seed, same run")
     args = parser.parse_args()
-    for name in ("epochs", "batch_size", "lr", "clip_grad", "samples", "input_dim", "hidden_dim"):
-        if not 0 < getattr(args, name) <= 1e30:  # also refuses nan and inf
-            parser.error(f"--{name.replace('_', '-')} must be a finite number greater than 0")
     if args.samples < 4:  # a quarter of --samples is the validation set
         parser.error("--samples must be at least 4")
     if not 0 <= args.warmup_epochs <= args.epochs:
@@ -126,12 +129,8 @@ def main() -> None:
     if args.warmup_epochs == args.epochs:
         print(f"note: the warmup takes all {args.epochs} epochs, so the learning rate only climbs "
               "and never decays: give more --epochs than --warmup-epochs for the cosine part")
-    if not 0 <= args.seed < 2**32:
-        parser.error(f"--seed must be a whole number from 0 to {2**32 - 1}")
     if args.num_classes < 2:
         parser.error("--num-classes must be at least 2")
-    if args.num_workers < 0:
-        parser.error("--num-workers must be 0 (load in this process) or more")
     try:
         device = common.get_device(args.device)
     except ValueError as err:

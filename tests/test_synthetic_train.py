@@ -76,14 +76,16 @@ def test_ctrl_c_ends_the_run_with_one_line_and_exit_code_130():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--lr", "inf"], "--lr must be a finite number greater than 0"),
-    (["--lr", "1e39"], "--lr must be a finite number greater than 0"),  # beyond float32
-    (["--clip-grad", "nan"], "--clip-grad must be a finite number greater than 0"),
+    (["--lr", "inf"], "--lr: must be a finite number greater than 0, got inf"),
+    (["--lr", "1e39"], "--lr: must be at most 1e30, got 1e39"),  # beyond float32
+    (["--clip-grad", "nan"], "--clip-grad: must be a finite number greater than 0, got nan"),
+    (["--epochs", "0"], "--epochs: must be a finite number greater than 0, got 0"),
+    (["--num-workers", "-1"], "--num-workers: expected 0 or a positive whole number"),
     (["--samples", "3"], "--samples must be at least 4"),
     (["--warmup-epochs", "nan"], "--warmup-epochs must be from 0 to --epochs (10)"),
     (["--warmup-epochs", "-1"], "--warmup-epochs must be from 0 to --epochs (10)"),
     (["--epochs", "2", "--warmup-epochs", "5"], "--warmup-epochs must be from 0 to --epochs (2)"),
-    (["--seed", "-1"], "--seed must be a whole number from 0 to 4294967295"),
+    (["--seed", "-1"], "--seed: expected a whole number from 0 to 4294967295, got '-1'"),
 ])
 def test_bad_settings_are_usage_errors_before_any_work(monkeypatch, capsys, args, message):
     monkeypatch.setattr("sys.argv", ["synthetic_train.py", *args])
