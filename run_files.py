@@ -174,6 +174,7 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
     except Exception as err:
         raise common.CheckpointError(f"{outputs.resume} is damaged, so the run cannot be "
                                      f"resumed ({common.first_sentence(err)})") from err
+    check_best_model(outputs, state, settings["model"])
     settings.setdefault("schedule", "constant")  # a run saved before --schedule existed
     for name, value in settings.items():
         if name not in given:  # left out: the run's own setting
@@ -202,6 +203,30 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
     outputs.saved = tuple(state["best"])[::-1]  # (epoch, val acc) of this run's best so far
     if common.is_main_process():
         print(f"resuming {outputs.checkpoint}: epochs {state['epoch'] + 1} to {args.epochs}")
+
+
+def check_best_model(outputs: RunOutputs, state: dict, model_name: str) -> None:
+    """Refuse to resume if the best model beside the training state is not the run's own."""
+    ## A model copied to this path since (to try it with predict.py) would be tested at the
+    ## end as if it were this run's, and replaced by the run's next best without being kept.
+    best_acc, best_epoch = state["best"]
+    try:
+        best = common.load_checkpoint(outputs.checkpoint)
+    except common.CheckpointError as err:
+        raise common.CheckpointError(
+            f"--resume: the run's best model cannot be read ({common.first_sentence(err)}), so "
+            f"the run cannot be resumed: put its {outputs.checkpoint.name} back, or start a new "
+            "run without --resume") from None
+    held = (best.get("model_name"), best.get("epoch"), best.get("val_accuracy"))
+    if held != (model_name, best_epoch, best_acc):
+        what = (f"{held[0]} epoch {held[1]}, val acc {held[2]:.4f}"
+                if isinstance(held[2], float) else f"a {held[0]} model")
+        raise common.CheckpointError(
+            f"--resume: {outputs.checkpoint} is not the best model of the run that "
+            f"{outputs.resume.name} goes on with (that was {model_name} epoch {best_epoch}, val "
+            f"acc {best_acc:.4f}; the file holds {what}): it was replaced after that run, so "
+            "the run cannot be resumed. Put that run's model back, or start a new run without "
+            "--resume, which keeps both files under a dated name")
 
 
 def as_flag(value) -> str:

@@ -741,6 +741,25 @@ def test_resume_of_a_state_from_another_run_or_version_is_one_line(tiny_mnist, t
     assert (tmp_path / "a.pt").read_bytes() == best  # the run's best model is untouched
 
 
+def test_resume_refuses_a_best_model_that_another_run_put_in_its_place(tiny_mnist, tmp_path,
+                                                                      capsys):
+    ## A newcomer copies another model to the run's path, to try it with predict.py.
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "1") == 0
+    assert train(tiny_mnist, tmp_path / "w.pt", "--epochs", "1", "--hidden", "16") == 0
+    other = (tmp_path / "w.pt").read_bytes()
+    (tmp_path / "a.pt").write_bytes(other)
+    capsys.readouterr()
+    assert train(tiny_mnist, tmp_path / "a.pt", "--resume", "--epochs", "2") == 1
+    err = capsys.readouterr().err
+    assert f"--resume: {tmp_path / 'a.pt'} is not the best model of the run that a_resume.pt " \
+           "goes on with (that was mlp epoch 1, val acc" in err and "Traceback" not in err
+    assert (tmp_path / "a.pt").read_bytes() == other  # neither tested nor replaced
+    (tmp_path / "a.pt").unlink()  # and a best model that is gone
+    assert train(tiny_mnist, tmp_path / "a.pt", "--resume", "--epochs", "2") == 1
+    assert "the run's best model cannot be read (checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "a.pt").exists()
+
+
 def test_a_scheduled_run_resumes_only_over_the_epochs_its_schedule_was_planned_for(
         tiny_mnist, tmp_path, capsys):
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--schedule",
