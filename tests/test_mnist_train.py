@@ -760,6 +760,19 @@ def test_resume_refuses_a_best_model_that_another_run_put_in_its_place(tiny_mnis
     assert not (tmp_path / "a.pt").exists()
 
 
+def test_resume_goes_on_when_the_last_epoch_s_training_state_could_not_be_saved(tiny_mnist,
+                                                                              tmp_path):
+    ## As after a full disk: the best model of epoch 2 was saved, its training state was not.
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "1") == 0
+    epoch_1_state = (tmp_path / "a_resume.pt").read_bytes()
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--resume") == 0
+    assert torch.load(tmp_path / "a.pt", weights_only=True)["epoch"] == 2
+    best = (tmp_path / "a.pt").read_bytes()
+    (tmp_path / "a_resume.pt").write_bytes(epoch_1_state)
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--resume") == 0
+    assert (tmp_path / "a.pt").read_bytes() == best  # epoch 2 again: no better, so kept
+
+
 def test_a_scheduled_run_resumes_only_over_the_epochs_its_schedule_was_planned_for(
         tiny_mnist, tmp_path, capsys):
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--schedule",
