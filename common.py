@@ -30,6 +30,7 @@ torchrun.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import math
 import os
@@ -732,6 +733,18 @@ def whole_number(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected 0 or a positive whole number, got {text!r}")
     return int(text)
+
+
+def output_closed(note: str | None = None) -> None:
+    """The program reading a script's output stopped reading (`predict.py *.png | head -1`)."""
+    ## Python then raises BrokenPipeError at the next print. Python's own recipe (the signal
+    ## module's "Note on SIGPIPE"): point stdout at the null device, so that the flush at exit
+    ## does not fail a second time with a traceback. The caller exits with code 1.
+    if note:
+        with contextlib.suppress(OSError):  # the note may have nowhere to go either
+            print(note, file=sys.stderr)
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no real stdout: nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 # ---------------------------------------------------------------------------------------------

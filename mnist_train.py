@@ -841,6 +841,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\ninterrupted: stopped. {outputs.on_disk(go_on, args.epochs)}",
                   file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `| head` had read enough: training stops with it, as at Ctrl-C
+        if common.is_main_process():
+            go_on = run_files.resume_command(args, parser)
+            common.output_closed("stopped: the program reading the output closed it. "
+                                 + outputs.on_disk(go_on, args.epochs))
+        return 1
     except FloatingPointError as err:  # the loss became NaN or inf
         kept = ("The best checkpoint saved so far is unchanged." if outputs.saved else
                 "This run saved no checkpoint." if not outputs.checkpoint.exists() else
@@ -857,4 +863,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stdout.flush()  # the output still buffered: a closed pipe shows here, not at exit
+    except BrokenPipeError:  # the run had finished, but its output was cut short
+        common.output_closed()
+        code = 1
+    sys.exit(code)

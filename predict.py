@@ -309,7 +309,12 @@ if __name__ == "__main__":
     if hasattr(signal, "SIGBREAK"):  # Windows: Ctrl-Break (and CTRL_BREAK_EVENT) as Ctrl-C
         signal.signal(signal.SIGBREAK, signal.default_int_handler)
     try:
-        sys.exit(main())
+        code = main()
+        sys.stdout.flush()  # a closed pipe shows here, while it can still be caught
     except KeyboardInterrupt:  # Ctrl-C: one line, and the exit code a shell expects
         print("\ninterrupted: stopped.", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:  # `| head -1` had read enough: stop, quietly, as Unix tools do
+        common.output_closed()
+        sys.exit(1)
+    sys.exit(code)

@@ -196,3 +196,11 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # Ctrl-C: one line, and the exit code a shell expects
         print("\ninterrupted: stopped.", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:  # `| head` had read enough: training stops with it
+        common.output_closed("stopped: the program reading the output closed it.")
+        sys.exit(1)
+    try:
+        sys.stdout.flush()  # the output still buffered: a closed pipe shows here, not at exit
+    except BrokenPipeError:  # the run had finished, but its output was cut short
+        common.output_closed()
+        sys.exit(1)

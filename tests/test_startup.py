@@ -61,3 +61,32 @@ def test_ctrl_c_while_torch_loads_is_one_line_and_exit_code_130(tmp_path, script
                             text=True, timeout=120)
     assert result.returncode == 130
     assert result.stderr == "\ninterrupted: stopped while starting up.\n"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a pipe closed by its reader is POSIX's")
+@pytest.mark.parametrize("script, args, note", [
+    ("predict.py", ["--checkpoint", "CKPT", "PIC"], ""),
+    ("mnist_train.py", ["--data-dir", "DATA", "--epochs", "1", "--val-size", "200",
+                        "--save-path", "OUT/m.pt"],
+     "stopped: the program reading the output closed it. This run saved nothing yet.\n"),
+    ("synthetic_train.py", ["--epochs", "1", "--samples", "256"],
+     "stopped: the program reading the output closed it.\n"),
+])
+def test_output_into_a_reader_that_stops_reading_ends_without_a_traceback(
+        trained_checkpoint, tiny_mnist, tmp_path, script, args, note):
+    ## `python predict.py *.png | head -1`: head exits once it has its line. Here the pipe's
+    ## reading end is closed before the script starts, so its very first print finds it closed.
+    digit_picture(3).save(tmp_path / "three.png")
+    names = {"CKPT": str(trained_checkpoint), "PIC": str(tmp_path / "three.png"),
+             "DATA": str(tiny_mnist), "OUT/m.pt": str(tmp_path / "m.pt")}
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    ## Each print written at once: the first one stops the script, which says so. Or all of
+    ## them at exit: the script has done its work by then, and only the output is lost.
+    for unbuffered, said in (("1", note), ("", "")):
+        env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+        result = subprocess.run([sys.executable, script, *[names.get(a, a) for a in args]],
+                                cwd=REPO, env=env, stdout=write_end, stderr=subprocess.PIPE,
+                                text=True, timeout=300)
+        assert (result.returncode, result.stderr) == (1, said)
+    os.close(write_end)
