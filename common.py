@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import io
 import math
 import os
@@ -297,6 +298,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     for signature, kind in PICTURE_SIGNATURES.items():
         if start.startswith(signature) and (kind != "WebP" or start[8:12] == b"WEBP"):
             raise CheckpointError(f"{path} is a {kind} picture, not a checkpoint")
+    ## torch.save writes a zip archive (before PyTorch 1.6, a pickle, which starts with 0x80).
+    if not start.startswith((b"PK\x03\x04", b"\x80")):
+        text = all(32 <= byte < 127 or byte in b"\t\n\r" for byte in start)
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint ("
+                              + ("it is text)" if text else "torch.save did not write it)"))
     try:
         ## weights_only=True unpickles only tensors and plain containers. A pickle can otherwise
         ## name any function to call while loading, so a downloaded .pt file could run code.
@@ -320,6 +326,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             raise CheckpointError(f"{path} holds a bare state_dict. This repo's checkpoints also "
                                   "record the model name and normalisation: save with "
                                   "common.save_checkpoint (mnist_train.py does)")
+        if isinstance(checkpoint, dict) and {"optimizer", "settings"} <= checkpoint.keys():
+            model = path.with_name(path.name.replace("_resume.pt", ".pt"))
+            raise CheckpointError(f"{path} is the training state that mnist_train.py --resume "
+                                  f"goes on from, not a model: give the model beside it, {model}")
         raise CheckpointError(f"{path} is a PyTorch file but not a checkpoint from this repo "
                               f"(it needs the keys {', '.join(needed)})")
     return checkpoint
@@ -702,6 +712,25 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or action.default is False:
             return action.help
         return super()._get_help_string(action)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser that, for an unknown flag, names the one meant: --epoch, --epochs."""
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments: "):
+            flags = [o for action in self._actions for o in action.option_strings
+                     if o.startswith("--")]
+            for word in message.split()[2:]:
+                typed = word.split("=")[0]
+                if not typed.startswith("--"):
+                    continue
+                meant = ([f for f in flags if f.startswith(typed)]  # --epoch: --epochs
+                         or difflib.get_close_matches(typed, flags, n=1, cutoff=0.8))  # --hiden
+                if meant:
+                    message += f" (did you mean {' or '.join(meant)}?)"
+                    break
+        super().error(message)
 
 
 def positive(kind):

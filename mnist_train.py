@@ -706,8 +706,9 @@ def write_png(path: Path, image: Image.Image) -> None:
 def build_parser() -> argparse.ArgumentParser:
     ## allow_abbrev=False: argparse would take --epoch for --epochs, but --resume must know
     ## exactly which settings the command line gives (run_files.given_on_command_line).
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=common.HelpFormatter, allow_abbrev=False)
+    ## common.ArgumentParser is argparse's, but for --epoch it asks "did you mean --epochs?".
+    parser = common.ArgumentParser(description=__doc__.split("\n")[0],
+                                   formatter_class=common.HelpFormatter, allow_abbrev=False)
     # training
     parser.add_argument("--epochs", type=positive(int), default=5, help="passes over the data")
     parser.add_argument("--batch-size", type=positive(int), default=64,

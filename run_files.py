@@ -173,8 +173,10 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
         for key in ("model", "optimizer", "scaler", "scheduler", "rng", "best", "history"):
             state[key]  # all there, or it is a KeyError: damaged, or from another version
     except Exception as err:
+        why = (f"it has no {err} part" if isinstance(err, KeyError)
+               else common.first_sentence(err))
         raise common.CheckpointError(f"{outputs.resume} is damaged, so the run cannot be "
-                                     f"resumed ({common.first_sentence(err)})") from err
+                                     f"resumed ({why})") from err
     check_best_model(outputs, state, settings)
     settings.setdefault("schedule", "constant")  # a run saved before --schedule existed
     for name, value in settings.items():

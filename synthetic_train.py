@@ -21,7 +21,6 @@ gradients when their joint size exceeds a limit, against sudden spikes), optiona
 script, is always on here: --clip-grad sets the limit.
 """
 
-import argparse
 import gc
 import math
 import signal
@@ -99,8 +98,8 @@ def init_weights(module: nn.Module) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=common.HelpFormatter, allow_abbrev=False)
+    parser = common.ArgumentParser(description=__doc__.split("\n")[0],  # "did you mean"
+                                   formatter_class=common.HelpFormatter, allow_abbrev=False)
     ## positive(int) and friends (common.py) refuse 0, negative, nan and inf with a clear line.
     parser.add_argument("--epochs", type=positive(int), default=10, help="passes over the data")
     parser.add_argument("--batch-size", type=positive(int), default=64,

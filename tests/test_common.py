@@ -488,7 +488,8 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_the_code_never_runs(tmp
     (b"this is a text file, not a checkpoint", "not a"),
     (pickle.dumps([1, 2, 3]), "not a"),
     (b"RIFF\x10\x00\x00\x00WEBPVP8 ", "is a WebP picture, not a checkpoint"),
-    (b"RIFF\x10\x00\x00\x00WAVEfmt ", "not a readable PyTorch checkpoint"),  # a sound, no picture
+    (b"RIFF\x10\x00\x00\x00WAVEfmt ", "is not a PyTorch checkpoint \\(torch.save did not"),
+    (b"this is a text file", "is not a PyTorch checkpoint \\(it is text\\)"),
 ])
 def test_files_that_are_not_checkpoints_are_named_in_the_error(tmp_path, content, message):
     path = tmp_path / "bad.pt"

@@ -155,7 +155,9 @@ def test_tensorboard_logs_are_written(tiny_mnist, tmp_path):
     (["--lr", "fast"], "expected a positive number, got 'fast'"),
     (["--seed", "-1"], "--seed: expected a whole number from 0 to 4294967295, got '-1'"),
     (["--seed", str(2**64)], "--seed: expected a whole number from 0 to 4294967295"),
-    (["--epoch", "3"], "unrecognized arguments: --epoch 3"),  # no abbreviations: see --resume
+    (["--epoch", "3"],  # no abbreviations (see --resume), but the flag meant is named
+     "unrecognized arguments: --epoch 3 (did you mean --epochs?)"),
+    (["--hiden", "5"], "unrecognized arguments: --hiden 5 (did you mean --hidden?)"),  # a typo
     (["--device", "banana"], "unknown device 'banana'"),
     (["--val-size", "800"], "--val-size 800 leaves nothing to train on"),
     (["--subset", "601"], "--subset 601 is larger than the 600 training images"),
@@ -723,7 +725,8 @@ def test_resume_when_a_folder_has_the_training_state_s_name(tiny_mnist, tmp_path
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda state: state.pop("optimizer"), "is damaged, so the run cannot be resumed"),
+    (lambda state: state.pop("optimizer"),
+     "is damaged, so the run cannot be resumed (it has no 'optimizer' part)."),
     (lambda state: state["settings"].update(hidden=[32]),
      "the training state saved beside the checkpoint (its _resume.pt) does not fit the model"),
 ])

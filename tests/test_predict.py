@@ -227,6 +227,16 @@ def test_a_bad_checkpoint_is_one_whole_sentence_that_never_suggests_weights_only
     assert "weights_only" not in err and ".." not in err
 
 
+def test_the_training_state_given_as_checkpoint_names_the_model_beside_it(trained_checkpoint,
+                                                                         tmp_path, capsys):
+    state = trained_checkpoint.with_name("mnist_mlp_resume.pt")
+    digit_picture(1).save(tmp_path / "one.png")
+    assert predict.main(["--checkpoint", str(state), str(tmp_path / "one.png")]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {state} is the training state that mnist_train.py --resume goes on from, not a "
+        f"model: give the model beside it, {trained_checkpoint}.\n")
+
+
 def test_save_input_gives_two_pictures_with_one_name_two_files(trained_checkpoint, tmp_path):
     (tmp_path / "marker").mkdir()
     (tmp_path / "mouse").mkdir()
