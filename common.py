@@ -481,8 +481,10 @@ def _download(data_dir: str | Path, dataset: str, raw: Path) -> None:
         missing = [n for n in MNIST_FILES if not (raw / n).exists()]
         raise DataError(
             f"{dataset} is not in {raw}/ (missing: {', '.join(missing)}) and downloading it "
-            f"failed: {download_reason(err)}. Run once with internet access, or copy the four "
-            f"files {', '.join(n + '.gz' for n in MNIST_FILES)} into {raw}/.") from err
+            f"failed: {download_reason(err)}. Run once with internet access, or put the missing "
+            f"files into {raw}/, unpacked and named as above (a .gz copy works only if it is "
+            "the one torchvision downloads; others, such as a Linux package's, fail its "
+            "checksum: gunzip them there).") from err
     finally:
         socket.setdefaulttimeout(old_timeout)
 
