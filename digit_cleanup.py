@@ -41,7 +41,7 @@ MIN_CONTRAST = 0.08  # ink differs from the paper by this much (0..1) at the lea
 SPECK_EXTENT = 6
 ## A dot (a tap on the page, a full stop) is as wide as it is long. Ink less than this many
 ## times as long as its strokes are wide is a dot (see is_a_dot()).
-DOT_LENGTH = 2.75
+DOT_LENGTH = 3.2
 ## A number or a word is several digit-sized marks side by side, or one mark much wider than
 ## tall; no digit is wider than about twice its height (MNIST's widest: 2.2).
 MAX_ASPECT = 2.5
@@ -193,8 +193,6 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     mask = keep_digit(marks)  # the digit: no specks, page edges or marks far from it
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
-    if is_a_dot(mask):
-        return blank, "no digit found: the ink is a dot, not a digit"
     others = digit_sized(marks & ~mask, mask)  # marks left out that are as big as the digit
     ## 2. Ink and mask again, on the digit alone: cut out of the full-resolution picture and
     ##    scaled to DIGIT_BOX pixels, so that a small digit is enlarged before any threshold is
@@ -209,6 +207,8 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     if extent / scale < SPECK_EXTENT:
         return blank, (f"no digit found: the ink is a speck, {extent / scale:.0f} px across, too "
                        "small to be a digit")
+    if is_a_dot(dark_holes_filled(mask, crop, dark_ink)):
+        return blank, "no digit found: the ink is a dot, not a digit"
     ## Keep the soft edge pixels around the strokes (MNIST has them too), but only there.
     near = F.max_pool2d(mask.float()[None, None], 3, stride=1, padding=1)[0, 0] > 0
     digit = (ink * near)[top:bottom, left:right]
@@ -248,20 +248,34 @@ def more_than_one_digit(mask: torch.Tensor, others: int) -> str | None:
 
 def is_a_dot(mask: torch.Tensor) -> bool:
     """Whether the digit's mask is one blob about as long as it is wide: a dot, not a digit."""
+    ## Measured on the digit cut out at DIGIT_BOX px, so that small ink is enlarged first.
     ## stroke_width() gives a stroke's width w; for a round dot of diameter D it gives D / 2, so
-    ## a dot is 2 widths long (2.4 to 2.5 as pixels draw it; a dash half again as long as wide,
-    ## 2.8). Every digit is strokes several widths long: at least 3.1 for the boldest of MNIST's
-    ## test digits and of benchmarks/realistic_digits.py's pictures, 5.3 for the README's real
-    ## pictures. Below 12 pixels across, the outline pixels are most of the ink and widths read
-    ## too wide (a bold 10-px digit gives 3): no verdict there.
+    ## a dot is 2 widths long (2.5 to 2.7 as pixels draw it, up to 2.9 for a dot only 6 px
+    ## across, enlarged from few pixels). Every digit is strokes several widths long: at least
+    ## 3.5 for the boldest of MNIST's test digits, 3.8 for benchmarks/realistic_digits.py's
+    ## pictures, 5.6 for the README's real pictures. DOT_LENGTH lies between.
     top, bottom, left, right = bounding_box(mask)
     length = max(bottom - top, right - left)
-    if length < 12:
+    if length < 12:  # too few pixels: the outline would be most of the ink, no verdict
         return False
-    ## Measured on the ink's own box and the pixels around it: the same as on the whole picture,
-    ## without walking all of its empty paper.
     box = mask[max(top - 1, 0) : bottom + 1, max(left - 1, 0) : right + 1]
     return length / stroke_width(box) < DOT_LENGTH
+
+
+def dark_holes_filled(mask: torch.Tensor, gray: torch.Tensor, dark_ink: bool) -> torch.Tensor:
+    """The mask with its holes filled if they are dark like its ink: a solid blob made whole."""
+    ## A filled blob much wider than a stroke is wider than paper_level()'s blocks too, and they
+    ## take its inside for paper in a shadow: its mask is then only its outline, a ring that
+    ## reads as a 0. A real 0's, 6's, 8's or 9's hole is paper, as bright as the paper around.
+    ## Holes: the pieces of not-ink that do not reach the picture's edge.
+    outside = components(~mask)
+    edges = torch.cat([outside[0], outside[-1], outside[:, 0], outside[:, -1]]).unique()
+    holes = ~mask & ~torch.isin(outside, edges)
+    if not holes.any():
+        return mask
+    dark = 1 - gray if dark_ink else gray  # how inky each pixel looks, whichever the ink's side
+    ink, paper = float(dark[mask].mean()), float(dark[~mask & ~holes].mean())
+    return mask | holes if float(dark[holes].mean()) > (ink + paper) / 2 else mask
 
 
 def digit_sized(left_out: torch.Tensor, digit: torch.Tensor) -> int:

@@ -433,6 +433,28 @@ def test_a_dot_is_no_digit_but_a_short_stroke_may_be(length, pen, dot):
         assert warning is None
 
 
+@pytest.mark.parametrize("diameter, canvas", [(6, 640), (9, 200), (31, 200), (61, 200),
+                                              (100, 336)])
+def test_a_filled_disk_of_any_size_is_a_dot(diameter, canvas):
+    ## A disk much wider than a stroke used to lose its inside (taken for paper in a shadow):
+    ## the ring left read as "0 (100%)". A small one is enlarged before it is measured.
+    img = Image.new("L", (canvas, canvas), 255)
+    start = (canvas - diameter) // 2
+    ImageDraw.Draw(img).ellipse((start, start, start + diameter, start + diameter), fill=0)
+    buffer = io.BytesIO()
+    img.save(buffer, format="JPEG", quality=80)
+    assert digit_cleanup.preprocess(to_gray(Image.open(buffer)))[1] == \
+        "no digit found: the ink is a dot, not a digit"
+
+
+def test_a_bold_zero_is_no_dot():
+    ## Its hole is paper: only a hole as dark as the ink is filled before the dot test.
+    img = Image.new("L", (336, 336), 255)
+    ImageDraw.Draw(img).ellipse((118, 88, 218, 248), outline=0, width=30)
+    digit, warning = digit_cleanup.preprocess(to_gray(img))
+    assert warning is None and digit[14, 14] < 0.2 < digit[14, 9]  # dark hole, inked ring
+
+
 def test_no_mnist_style_digit_is_taken_for_a_speck(tiny_mnist, monkeypatch):
     import common
 
