@@ -588,7 +588,7 @@ def test_missing_mnist_offline_says_which_folder(tmp_path, no_network):
         common.load_mnist(tmp_path, train=True)
     message = str(err.value)
     assert f"{tmp_path / 'MNIST' / 'raw'}/" in message and "internet" in message
-    assert "train-images-idx3-ubyte.gz" in message
+    assert "missing: train-images-idx3-ubyte," in message and "unpacked" in message
     ## the reason is the mirror's own answer, not an empty "Error downloading ...:"
     assert "downloading it failed: <urlopen error" in message and ":." not in message
 
