@@ -160,12 +160,11 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
                         ## At this run's first save, an earlier run's files at this path are
                         ## renamed with their date, never written over.
                         with outputs.keeping_earlier_run(epoch, val_acc):
-                            common.save_checkpoint(
-                                save_path, model, model_name=args.model, mean=mean, std=std,
-                                epoch=epoch, val_accuracy=val_acc, sizes=sizes,
-                                dataset=args.dataset, classes=classes, dry_run=args.dry_run,
-                                ## how it was trained: --resume checks that it is this run's
-                                settings=run_files.run_settings(args, epochs=False))
+                            common.save_checkpoint(save_path, model, model_name=args.model,
+                                                   mean=mean, std=std, epoch=epoch,
+                                                   val_accuracy=val_acc, sizes=sizes,
+                                                   dataset=args.dataset, classes=classes,
+                                                   dry_run=args.dry_run)
                     record_history(csv_path, history, writer)
                     outputs.save_training_state(  # what --resume needs to go on from here
                         {"epoch": epoch, "model": model.state_dict(),

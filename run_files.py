@@ -60,7 +60,14 @@ class RunOutputs:
             common.write_atomically(self.resume, buffer.getvalue())
             self.last_epoch = state["epoch"]
         except common.OutputError as err:  # the run goes on; only --resume loses this epoch
-            print(f"warning: {err} --resume cannot continue from epoch {state['epoch']}.",
+            if self.saved and self.saved[0] == state["epoch"]:
+                ## This epoch's model is the new best: the older state beside it names another
+                ## best, and --resume would refuse it as another run's. It goes, and says so.
+                with contextlib.suppress(OSError):
+                    self.resume.unlink()
+                    self.last_epoch = 0
+            print(f"warning: {err} --resume cannot continue from epoch {state['epoch']}"
+                  + ("" if self.last_epoch else ", nor from an earlier one") + ".",
                   file=sys.stderr)
 
     @contextlib.contextmanager
@@ -143,9 +150,8 @@ RUN_SETTINGS = ("model", "hidden", "channels", "dataset", "optimizer", "lr", "ba
                 "schedule")
 
 
-def run_settings(args: argparse.Namespace, epochs: bool = True) -> dict:
-    """The run's settings; without --epochs for its checkpoint, which --resume may raise."""
-    return {name: getattr(args, name) for name in RUN_SETTINGS if epochs or name != "epochs"}
+def run_settings(args: argparse.Namespace) -> dict:
+    return {name: getattr(args, name) for name in RUN_SETTINGS}
 
 
 def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunOutputs) -> None:
@@ -158,8 +164,9 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
     if not outputs.resume.exists():
         if outputs.checkpoint.exists():
             raise ResumeError(f"--resume: {outputs.checkpoint} holds no training state (it was "
-                             f"saved before --resume existed, or {outputs.resume.name} beside "
-                             "it was removed): start a new run without --resume")
+                             f"saved before --resume existed, {outputs.resume.name} beside it "
+                             "was removed, or it could not be written): start a new run "
+                             "without --resume")
         raise ResumeError(f"--resume: there is no run to resume at {outputs.checkpoint}: it "
                          "saved no epoch yet (stopped during its first one: start it again "
                          "without --resume), or it was started with another --save-path (or "
@@ -177,7 +184,7 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
                else common.first_sentence(err))
         raise common.CheckpointError(f"{outputs.resume} is damaged, so the run cannot be "
                                      f"resumed ({why})") from err
-    check_best_model(outputs, state, settings)
+    check_best_model(outputs, state, settings["model"])
     settings.setdefault("schedule", "constant")  # a run saved before --schedule existed
     for name, value in settings.items():
         if name not in given:  # left out: the run's own setting
@@ -208,7 +215,7 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
         print(f"resuming {outputs.checkpoint}: epochs {state['epoch'] + 1} to {args.epochs}")
 
 
-def check_best_model(outputs: RunOutputs, state: dict, settings: dict) -> None:
+def check_best_model(outputs: RunOutputs, state: dict, model_name: str) -> None:
     """Refuse to resume if the best model beside the training state is not the run's own."""
     ## A model copied to this path since (to try it with predict.py) would be tested at the
     ## end as if it were this run's, and replaced by the run's next best without being kept.
@@ -221,27 +228,15 @@ def check_best_model(outputs: RunOutputs, state: dict, settings: dict) -> None:
             f"the run cannot be resumed: put its {outputs.checkpoint.name} back, or start a new "
             "run without --resume") from None
     held = (best.get("model_name"), best.get("epoch"), best.get("val_accuracy"))
-    if held == (settings["model"], best_epoch, best_acc):
-        return
-    if isinstance(best.get("settings"), dict) and same_run(best["settings"], settings) and (
-            isinstance(held[1], int) and held[1] > state["epoch"]):
-        ## This run's, from an epoch whose training state could not be saved (a full disk):
-        ## going on from the last state saved, the run keeps that model as its best so far.
-        state["best"] = (held[2], held[1])
-        return
-    what = (f"{held[0]} epoch {held[1]}, val acc {held[2]:.4f}"
-            if isinstance(held[2], float) else f"a {held[0]} model")
-    raise common.CheckpointError(
-        f"--resume: {outputs.checkpoint} is not the best model of the run that "
-        f"{outputs.resume.name} goes on with (that was {settings['model']} epoch {best_epoch}, "
-        f"val acc {best_acc:.4f}; the file holds {what}): it was replaced after that run, so "
-        "the run cannot be resumed. Put that run's model back, or start a new run without "
-        "--resume, which keeps both files under a dated name")
-
-
-def same_run(saved: dict, settings: dict) -> bool:
-    """Whether a checkpoint's settings are the run's (which also has --epochs)."""
-    return saved == {k: v for k, v in settings.items() if k != "epochs"}
+    if held != (model_name, best_epoch, best_acc):
+        what = (f"{held[0]} epoch {held[1]}, val acc {held[2]:.4f}"
+                if isinstance(held[2], float) else f"a {held[0]} model")
+        raise common.CheckpointError(
+            f"--resume: {outputs.checkpoint} is not the best model of the run that "
+            f"{outputs.resume.name} goes on with (that was {model_name} epoch {best_epoch}, val "
+            f"acc {best_acc:.4f}; the file holds {what}): it was replaced after that run, so "
+            "the run cannot be resumed. Put that run's model back, or start a new run without "
+            "--resume, which keeps both files under a dated name")
 
 
 def as_flag(value) -> str:

@@ -763,17 +763,31 @@ def test_resume_refuses_a_best_model_that_another_run_put_in_its_place(tiny_mnis
     assert not (tmp_path / "a.pt").exists()
 
 
-def test_resume_goes_on_when_the_last_epoch_s_training_state_could_not_be_saved(tiny_mnist,
-                                                                              tmp_path):
-    ## As after a full disk: the best model of epoch 2 was saved, its training state was not.
+def test_a_training_state_that_cannot_be_saved_leaves_no_stale_one(tiny_mnist, tmp_path,
+                                                                    monkeypatch, capsys):
+    ## As on a full disk: epoch 2's best model is saved, its training state is not. The state
+    ## of epoch 1 names epoch 1's model as the best: kept, it would contradict the checkpoint.
+    import common
+
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "1") == 0
-    epoch_1_state = (tmp_path / "a_resume.pt").read_bytes()
+    write = common.write_atomically
+
+    def full_for_the_state(path, data):
+        if str(path).endswith("_resume.pt"):
+            raise common.OutputError(f"could not write {path}: No space left on device.")
+        write(path, data)
+
+    monkeypatch.setattr(common, "write_atomically", full_for_the_state)
+    capsys.readouterr()
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--resume") == 0
     assert torch.load(tmp_path / "a.pt", weights_only=True)["epoch"] == 2
-    best = (tmp_path / "a.pt").read_bytes()
-    (tmp_path / "a_resume.pt").write_bytes(epoch_1_state)
-    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--resume") == 0
-    assert (tmp_path / "a.pt").read_bytes() == best  # epoch 2 again: no better, so kept
+    assert "--resume cannot continue from epoch 2, nor from an earlier one." in \
+        capsys.readouterr().err
+    assert not (tmp_path / "a_resume.pt").exists()
+    monkeypatch.setattr(common, "write_atomically", write)
+    with pytest.raises(SystemExit):
+        train(tiny_mnist, tmp_path / "a.pt", "--epochs", "3", "--resume")
+    assert "or it could not be written): start a new run" in capsys.readouterr().err
 
 
 def test_a_scheduled_run_resumes_only_over_the_epochs_its_schedule_was_planned_for(
