@@ -298,7 +298,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     for signature, kind in PICTURE_SIGNATURES.items():
         if start.startswith(signature) and (kind != "WebP" or start[8:12] == b"WEBP"):
             raise CheckpointError(f"{path} is a {kind} picture, not a checkpoint")
-    ## torch.save writes a zip archive (before PyTorch 1.6, a pickle, which starts with 0x80).
+    ## torch.save writes a zip archive; with _use_new_zipfile_serialization=False (the only
+    ## format before PyTorch 1.6), a pickle, which starts with 0x80 from pickle protocol 2 on.
     if not start.startswith((b"PK\x03\x04", b"\x80")):
         text = all(32 <= byte < 127 or byte in b"\t\n\r" for byte in start)
         raise CheckpointError(f"{path} is not a PyTorch checkpoint ("
@@ -327,9 +328,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                                   "record the model name and normalisation: save with "
                                   "common.save_checkpoint (mnist_train.py does)")
         if isinstance(checkpoint, dict) and {"optimizer", "settings"} <= checkpoint.keys():
-            model = path.with_name(path.name.replace("_resume.pt", ".pt"))
+            beside = (f", {path.with_name(path.name.removesuffix('_resume.pt') + '.pt')}"
+                      if path.name.endswith("_resume.pt") else "")
             raise CheckpointError(f"{path} is the training state that mnist_train.py --resume "
-                                  f"goes on from, not a model: give the model beside it, {model}")
+                                  f"goes on from, not a model: give the model saved beside "
+                                  f"it{beside}")
         raise CheckpointError(f"{path} is a PyTorch file but not a checkpoint from this repo "
                               f"(it needs the keys {', '.join(needed)})")
     return checkpoint
@@ -725,6 +728,8 @@ class ArgumentParser(argparse.ArgumentParser):
                      if o.startswith("--")]
             for word in message.split()[2:]:
                 typed = word.split("=")[0]
+                if typed == "--":  # "the end of the flags": what follows is not one
+                    break
                 if not typed.startswith("--"):
                     continue
                 meant = ([f for f in flags if f.startswith(typed)]  # --epoch: --epochs

@@ -267,7 +267,7 @@ def dark_holes_filled(mask: torch.Tensor, gray: torch.Tensor, dark_ink: bool) ->
     ## A filled blob much wider than a stroke is wider than paper_level()'s blocks too, and they
     ## take its inside for paper in a shadow: its mask is then only its outline, a ring that
     ## reads as a 0. A real 0's, 6's, 8's or 9's hole is paper, as bright as the paper around.
-    ## Holes: the pieces of not-ink that do not reach the picture's edge.
+    ## Holes: the pieces of not-ink that do not reach the edge of the cut-out.
     outside = components(~mask)
     edges = torch.cat([outside[0], outside[-1], outside[:, 0], outside[:, -1]]).unique()
     holes = ~mask & ~torch.isin(outside, edges)

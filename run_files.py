@@ -103,9 +103,12 @@ class RunOutputs:
             self.earlier = moves.get(self.checkpoint)
             extras = [old.name.removeprefix(self.checkpoint.stem) for old in moves
                       if old != first_old]  # .csv, _mistakes.png, _resume.pt
-            print(f"an earlier run's files are kept: {first_old} -> {first_new}{details}"
-                  + (f", with its {', '.join(extras[:-1])}{' and ' if len(extras) > 1 else ''}"
-                     f"{extras[-1]}" if extras else ""))
+            ## A closed output (`| head`) must not keep the CSV and the training state from
+            ## being written with the checkpoint: the run's next print stops it instead.
+            with contextlib.suppress(BrokenPipeError):
+                print(f"an earlier run's files are kept: {first_old} -> {first_new}{details}"
+                      + (f", with its {', '.join(extras[:-1])}{' and ' if len(extras) > 1 else ''}"
+                         f"{extras[-1]}" if extras else ""))
 
     def _new_names(self) -> dict[Path, Path]:
         """{earlier run's file: its new, stamped name} for the files that exist."""

@@ -700,3 +700,20 @@ def test_a_file_another_program_keeps_open_is_named_with_what_to_do(tmp_path, mo
     assert "another program" not in str(err.value)
     assert (tmp_path / "m.csv").read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv"]  # no temporary file left
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["--epoch", "3"], " (did you mean --epochs?)"),
+    (["--epcohs=3"], " (did you mean --epochs?)"),  # a typo, with its value
+    (["--", "foo"], ""),  # after "--" nothing is a flag: no hint, and never all of them
+    (["foo"], ""),
+])
+def test_an_unknown_flag_near_a_real_one_is_named(capsys, argv, hint):
+    parser = common.ArgumentParser(prog="x", allow_abbrev=False)
+    parser.add_argument("--epochs", type=int)
+    parser.add_argument("--lr", type=float)
+    with pytest.raises(SystemExit):
+        parser.parse_args(argv)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("x: error: unrecognized arguments: ") and last.endswith(
+        hint or argv[-1])

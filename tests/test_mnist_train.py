@@ -790,6 +790,27 @@ def test_a_training_state_that_cannot_be_saved_leaves_no_stale_one(tiny_mnist, t
     assert "or it could not be written): start a new run" in capsys.readouterr().err
 
 
+def test_a_closed_output_at_the_first_save_still_lets_the_csv_and_state_be_written(
+        tmp_path, monkeypatch):
+    ## `| head -3` closes the pipe just as "an earlier run's files are kept" is printed: that
+    ## print is inside the block that writes the checkpoint, its CSV and the training state.
+    import run_files
+
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    (tmp_path / "a.pt").write_bytes(b"an earlier run's model")
+    outputs = run_files.RunOutputs(tmp_path / "a.pt", dry_run=False)
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    with outputs.keeping_earlier_run(1, 0.5):  # returns normally: the block after it runs
+        (tmp_path / "a.pt").write_bytes(b"this run's model")
+    assert outputs.saved == (1, 0.5) and outputs.earlier.read_bytes() == b"an earlier run's model"
+
+
 def test_a_scheduled_run_resumes_only_over_the_epochs_its_schedule_was_planned_for(
         tiny_mnist, tmp_path, capsys):
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--schedule",

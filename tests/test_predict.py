@@ -234,7 +234,11 @@ def test_the_training_state_given_as_checkpoint_names_the_model_beside_it(traine
     assert predict.main(["--checkpoint", str(state), str(tmp_path / "one.png")]) == 1
     assert capsys.readouterr().err == (
         f"error: {state} is the training state that mnist_train.py --resume goes on from, not a "
-        f"model: give the model beside it, {trained_checkpoint}.\n")
+        f"model: give the model saved beside it, {trained_checkpoint}.\n")
+    renamed = tmp_path / "state.pt"  # renamed: the model's name cannot be guessed
+    renamed.write_bytes(state.read_bytes())
+    assert predict.main(["--checkpoint", str(renamed), str(tmp_path / "one.png")]) == 1
+    assert capsys.readouterr().err.endswith("not a model: give the model saved beside it.\n")
 
 
 def test_save_input_gives_two_pictures_with_one_name_two_files(trained_checkpoint, tmp_path):
