@@ -837,7 +837,9 @@ def is_main_process() -> bool:
         return True
     import torch.distributed as dist
 
-    return not dist.is_initialized() or dist.get_rank() == 0
+    if dist.is_initialized():
+        return dist.get_rank() == 0
+    return os.environ.get("RANK", "0") == "0"  # under torchrun, before init_distributed()
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:

@@ -717,3 +717,13 @@ def test_an_unknown_flag_near_a_real_one_is_named(capsys, argv, hint):
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("x: error: unrecognized arguments: ") and last.endswith(
         hint or argv[-1])
+
+
+@pytest.mark.parametrize("rank, main", [("0", True), ("1", False)])
+def test_only_rank_0_is_the_main_process_even_before_torch_distributed_starts(monkeypatch,
+                                                                              rank, main):
+    ## torchrun sets these for every process it starts; --resume prints its "resuming" line
+    ## before the processes join up, and it must come from one of them only.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    assert common.is_main_process() is main
