@@ -783,6 +783,16 @@ def output_closed(note: str | None = None) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def flush_output(code: int) -> int:
+    """A script's last step: write what stdout still buffers; `code`, or 1 if it was closed."""
+    try:
+        sys.stdout.flush()  # here a closed pipe can still be caught; at exit it is a traceback
+    except BrokenPipeError:  # the work was done, but its output was cut short
+        output_closed()
+        return 1
+    return code
+
+
 # ---------------------------------------------------------------------------------------------
 # distributed training
 ## `torchrun --nproc_per_node=N script.py` starts N copies of the script. Each copy is a "rank"

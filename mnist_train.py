@@ -863,10 +863,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    try:
-        sys.stdout.flush()  # the output still buffered: a closed pipe shows here, not at exit
-    except BrokenPipeError:  # the run had finished, but its output was cut short
-        common.output_closed()
-        code = 1
-    sys.exit(code)
+    sys.exit(common.flush_output(main()))  # flushed here: `| head` gets no traceback at exit

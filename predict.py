@@ -309,8 +309,7 @@ if __name__ == "__main__":
     if hasattr(signal, "SIGBREAK"):  # Windows: Ctrl-Break (and CTRL_BREAK_EVENT) as Ctrl-C
         signal.signal(signal.SIGBREAK, signal.default_int_handler)
     try:
-        code = main()
-        sys.stdout.flush()  # a closed pipe shows here, while it can still be caught
+        code = common.flush_output(main())  # flushed here: `| head` gets no traceback at exit
     except KeyboardInterrupt:  # Ctrl-C: one line, and the exit code a shell expects
         print("\ninterrupted: stopped.", file=sys.stderr)
         sys.exit(130)

@@ -131,7 +131,7 @@ class RunOutputs:
     def on_disk(self, resume_command: str, epochs: int) -> str:
         """One sentence on what is on disk now, for the message after Ctrl-C."""
         go_on = (f" To go on from the last epoch saved: {resume_command}."
-                 if self.last_epoch or self.state is not None else "")
+                 if self.last_epoch else "")
         if self.last_epoch == epochs:  # stopped in the final test: there is nothing to go on with
             go_on = (f" Training had finished ({epochs} of {epochs} epochs); only the final "
                      "test and the mistakes picture were cut short.")
@@ -213,6 +213,7 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
                           + (f", all {done} of its --epochs" if args.epochs == done else "")
                           + f"; pass --epochs with more than {done} to go on")
     outputs.state = state
+    outputs.last_epoch = done  # its training state is on disk
     outputs.saved = tuple(state["best"])[::-1]  # (epoch, val acc) of this run's best so far
     if common.is_main_process():
         print(f"resuming {outputs.checkpoint}: epochs {state['epoch'] + 1} to {args.epochs}")

@@ -198,8 +198,4 @@ if __name__ == "__main__":
     except BrokenPipeError:  # `| head` had read enough: training stops with it
         common.output_closed("stopped: the program reading the output closed it.")
         sys.exit(1)
-    try:
-        sys.stdout.flush()  # the output still buffered: a closed pipe shows here, not at exit
-    except BrokenPipeError:  # the run had finished, but its output was cut short
-        common.output_closed()
-        sys.exit(1)
+    sys.exit(common.flush_output(0))  # flushed here: `| head` gets no traceback at exit

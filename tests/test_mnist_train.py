@@ -763,13 +763,10 @@ def test_resume_refuses_a_best_model_that_another_run_put_in_its_place(tiny_mnis
     assert not (tmp_path / "a.pt").exists()
 
 
-def test_a_training_state_that_cannot_be_saved_leaves_no_stale_one(tiny_mnist, tmp_path,
-                                                                    monkeypatch, capsys):
-    ## As on a full disk: epoch 2's best model is saved, its training state is not. The state
-    ## of epoch 1 names epoch 1's model as the best: kept, it would contradict the checkpoint.
+def fail_to_write_training_states(monkeypatch):
+    """As on a full disk, for _resume.pt files only; returns the real write_atomically."""
     import common
 
-    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "1") == 0
     write = common.write_atomically
 
     def full_for_the_state(path, data):
@@ -778,6 +775,17 @@ def test_a_training_state_that_cannot_be_saved_leaves_no_stale_one(tiny_mnist, t
         write(path, data)
 
     monkeypatch.setattr(common, "write_atomically", full_for_the_state)
+    return write
+
+
+def test_a_training_state_that_cannot_be_saved_leaves_no_stale_one(tiny_mnist, tmp_path,
+                                                                    monkeypatch, capsys):
+    ## As on a full disk: epoch 2's best model is saved, its training state is not. The state
+    ## of epoch 1 names epoch 1's model as the best: kept, it would contradict the checkpoint.
+    import common
+
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "1") == 0
+    write = fail_to_write_training_states(monkeypatch)
     capsys.readouterr()
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--resume") == 0
     assert torch.load(tmp_path / "a.pt", weights_only=True)["epoch"] == 2
@@ -788,6 +796,23 @@ def test_a_training_state_that_cannot_be_saved_leaves_no_stale_one(tiny_mnist, t
     with pytest.raises(SystemExit):
         train(tiny_mnist, tmp_path / "a.pt", "--epochs", "3", "--resume")
     assert "or it could not be written): start a new run" in capsys.readouterr().err
+
+
+def test_a_resumed_run_whose_state_cannot_be_saved_keeps_the_one_it_resumed_from(
+        tiny_mnist, tmp_path, monkeypatch, capsys):
+    ## Epoch 2 is no new best, so the state of epoch 1 still matches the checkpoint: kept.
+    import common
+
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "1") == 0
+    evaluate = common.evaluate
+    write = fail_to_write_training_states(monkeypatch)
+    monkeypatch.setattr(common, "evaluate", lambda *a, **k: (evaluate(*a, **k)[0], 0.0))
+    capsys.readouterr()
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--resume") == 0
+    assert "--resume cannot continue from epoch 2.\n" in capsys.readouterr().err
+    monkeypatch.setattr(common, "write_atomically", write)
+    monkeypatch.setattr(common, "evaluate", evaluate)
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--resume") == 0
 
 
 def test_a_closed_output_at_the_first_save_still_lets_the_csv_and_state_be_written(
