@@ -26,6 +26,10 @@ import math
 import signal
 import sys
 
+## Speed only: the cycle collector is paused while torch loads, and torch's objects are then
+## frozen out of its sight (see mnist_train.py).
+if __name__ == "__main__":
+    gc.disable()
 ## Ctrl-C while these load (`import torch` takes a second or two) ends the script with one
 ## line, as Ctrl-C does later, instead of a traceback from deep inside torch.
 try:
@@ -40,6 +44,9 @@ except KeyboardInterrupt:
         raise
     print("\ninterrupted: stopped while starting up.", file=sys.stderr)
     sys.exit(130)
+if __name__ == "__main__":
+    gc.freeze()
+    gc.enable()
 
 
 # 1. data ------------------------------------------------------------------------------------
