@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import errno
 import io
 import math
 import os
@@ -771,6 +772,14 @@ def whole_number(text: str) -> int:
     return int(text)
 
 
+def is_closed_output(err: OSError) -> bool:
+    """Whether `err` means that the program reading stdout closed it (`| head -1`)."""
+    ## POSIX says so with BrokenPipeError. On Windows the same write can fail with OSError
+    ## EINVAL instead (CPython issue #79935); an error about a file would name the file.
+    return isinstance(err, BrokenPipeError) or (
+        sys.platform == "win32" and err.errno == errno.EINVAL and err.filename is None)
+
+
 def output_closed(note: str | None = None) -> None:
     """The program reading a script's output stopped reading (`predict.py *.png | head -1`)."""
     ## Python then raises BrokenPipeError at the next print. Python's own recipe (the signal
@@ -787,7 +796,9 @@ def flush_output(code: int) -> int:
     """A script's last step: write what stdout still buffers; `code`, or 1 if it was closed."""
     try:
         sys.stdout.flush()  # here a closed pipe can still be caught; at exit it is a traceback
-    except BrokenPipeError:  # the work was done, but its output was cut short
+    except OSError as err:  # the work was done, but its output was cut short
+        if not is_closed_output(err):
+            raise
         output_closed()
         return 1
     return code

@@ -850,7 +850,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\ninterrupted: stopped. {outputs.on_disk(go_on, args.epochs)}",
                   file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `| head` had read enough: training stops with it, as at Ctrl-C
+    except OSError as err:  # `| head` had read enough: training stops with it, as at Ctrl-C
+        if not common.is_closed_output(err):
+            raise  # anything else is a bug, with its traceback
         if common.is_main_process():
             go_on = run_files.resume_command(args, parser)
             common.output_closed("stopped: the program reading the output closed it. "

@@ -320,7 +320,9 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # Ctrl-C: one line, and the exit code a shell expects
         print("\ninterrupted: stopped.", file=sys.stderr)
         sys.exit(130)
-    except BrokenPipeError:  # `| head -1` had read enough: stop, quietly, as Unix tools do
+    except OSError as err:  # `| head -1` had read enough: stop, quietly, as Unix tools do
+        if not common.is_closed_output(err):
+            raise
         common.output_closed()
         sys.exit(1)
     sys.exit(code)

@@ -105,10 +105,13 @@ class RunOutputs:
                       if old != first_old]  # .csv, _mistakes.png, _resume.pt
             ## A closed output (`| head`) must not keep the CSV and the training state from
             ## being written with the checkpoint: the run's next print stops it instead.
-            with contextlib.suppress(BrokenPipeError):
+            try:
                 print(f"an earlier run's files are kept: {first_old} -> {first_new}{details}"
                       + (f", with its {', '.join(extras[:-1])}{' and ' if len(extras) > 1 else ''}"
                          f"{extras[-1]}" if extras else ""))
+            except OSError as err:
+                if not common.is_closed_output(err):
+                    raise
 
     def _new_names(self) -> dict[Path, Path]:
         """{earlier run's file: its new, stamped name} for the files that exist."""

@@ -202,7 +202,9 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # Ctrl-C: one line, and the exit code a shell expects
         print("\ninterrupted: stopped.", file=sys.stderr)
         sys.exit(130)
-    except BrokenPipeError:  # `| head` had read enough: training stops with it
+    except OSError as err:  # `| head` had read enough: training stops with it
+        if not common.is_closed_output(err):
+            raise
         common.output_closed("stopped: the program reading the output closed it.")
         sys.exit(1)
     sys.exit(common.flush_output(0))  # flushed here: `| head` gets no traceback at exit

@@ -1,5 +1,7 @@
 """Start at the speed of `import torch`: no script pays for torchvision it does not use."""
 
+import ast
+import errno
 import os
 import subprocess
 import sys
@@ -103,22 +105,30 @@ def test_ctrl_c_while_torch_loads_is_one_line_and_exit_code_130(tmp_path, script
     assert result.stderr == "\ninterrupted: stopped while starting up.\n"
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="a pipe closed by its reader is POSIX's")
-@pytest.mark.parametrize("script, args, note", [
+## Each script, with what it says on stderr when the reader of its output is gone.
+CLOSED_OUTPUT_RUNS = [
     ("predict.py", ["--checkpoint", "CKPT", "PIC"], ""),
     ("mnist_train.py", ["--data-dir", "DATA", "--epochs", "1", "--val-size", "200",
                         "--save-path", "OUT/m.pt"],
      "stopped: the program reading the output closed it. This run saved nothing yet.\n"),
     ("synthetic_train.py", ["--epochs", "1", "--samples", "256"],
      "stopped: the program reading the output closed it.\n"),
-])
+]
+
+
+def closed_output_names(trained_checkpoint, tiny_mnist, tmp_path) -> dict[str, str]:
+    digit_picture(3).save(tmp_path / "three.png")
+    return {"CKPT": str(trained_checkpoint), "PIC": str(tmp_path / "three.png"),
+            "DATA": str(tiny_mnist), "OUT/m.pt": str(tmp_path / "m.pt")}
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a pipe closed by its reader is POSIX's")
+@pytest.mark.parametrize("script, args, note", CLOSED_OUTPUT_RUNS)
 def test_output_into_a_reader_that_stops_reading_ends_without_a_traceback(
         trained_checkpoint, tiny_mnist, tmp_path, script, args, note):
     ## `python predict.py *.png | head -1`: head exits once it has its line. Here the pipe's
     ## reading end is closed before the script starts, so its very first print finds it closed.
-    digit_picture(3).save(tmp_path / "three.png")
-    names = {"CKPT": str(trained_checkpoint), "PIC": str(tmp_path / "three.png"),
-             "DATA": str(tiny_mnist), "OUT/m.pt": str(tmp_path / "m.pt")}
+    names = closed_output_names(trained_checkpoint, tiny_mnist, tmp_path)
     read_end, write_end = os.pipe()
     os.close(read_end)
     ## Each print written at once: the first one stops the script, which says so. Or all of
@@ -130,3 +140,68 @@ def test_output_into_a_reader_that_stops_reading_ends_without_a_traceback(
                                 text=True, timeout=300)
         assert (result.returncode, result.stderr) == (1, said)
     os.close(write_end)
+
+
+## On Windows, a write into a pipe whose reader is gone can fail with OSError EINVAL rather than
+## BrokenPipeError (CPython issue #79935). Emulated here, in one process: torch and Pillow load
+## first, as on any machine; then the platform is set to win32, and each run's stdout fails as
+## Windows' does, until the script points it at the null device.
+WINDOWS_CLOSED_PIPE = """
+import ast, errno, io, os, runpy, sys
+import torch, PIL.Image
+pipe = os.dup(1)
+class WindowsClosedPipe:
+    def __init__(self, fails):
+        self.fails = fails
+    def fail(self):
+        if os.path.samestat(os.fstat(1), os.fstat(pipe)):
+            raise OSError(errno.EINVAL, "Invalid argument")
+    def write(self, text):
+        if self.fails == "write":
+            self.fail()
+        return len(text)
+    def flush(self):
+        self.fail()
+    def fileno(self):
+        return 1
+sys.platform = "win32"
+for fails, argv in RUNS:
+    os.dup2(pipe, 1)
+    sys.stdout, sys.stderr, sys.argv = WindowsClosedPipe(fails), io.StringIO(), argv
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as exit:
+        code = exit.code
+    said, sys.stderr = sys.stderr.getvalue(), sys.__stderr__
+    print("run", repr((argv[0], fails, code, said)), file=sys.stderr)
+sys.stdout = sys.__stdout__
+"""
+
+
+def test_a_closed_output_as_windows_reports_it_ends_without_a_traceback(
+        trained_checkpoint, tiny_mnist, tmp_path):
+    names = closed_output_names(trained_checkpoint, tiny_mnist, tmp_path)
+    ## Each print failing, as unbuffered; or only the last flush, as at the end of a buffered
+    ## run: the work is done, and only the output is lost.
+    runs = [(fails, [script, *[names.get(a, a) for a in args]])
+            for fails in ("write", "flush") for script, args, _ in CLOSED_OUTPUT_RUNS]
+    code = f"RUNS = {runs!r}\n" + WINDOWS_CLOSED_PIPE
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    reports = [ast.literal_eval(line[4:]) for line in result.stderr.splitlines()
+               if line.startswith("run (")]
+    assert reports == [(script, fails, 1, note if fails == "write" else "")
+                       for fails in ("write", "flush")
+                       for script, _, note in CLOSED_OUTPUT_RUNS], result.stderr[-2000:]
+
+
+def test_only_a_closed_output_is_taken_for_one(monkeypatch):
+    import common
+    einval = OSError(errno.EINVAL, "Invalid argument")
+    assert common.is_closed_output(BrokenPipeError(errno.EPIPE, "Broken pipe"))
+    assert not common.is_closed_output(einval)  # on Linux, EINVAL is something else
+    monkeypatch.setattr(sys, "platform", "win32")
+    assert common.is_closed_output(einval)
+    assert not common.is_closed_output(OSError(errno.EINVAL, "Invalid argument", "a:b.pt"))
+    assert not common.is_closed_output(OSError(errno.ENOSPC, "No space left on device"))
