@@ -774,10 +774,12 @@ def whole_number(text: str) -> int:
 
 def is_closed_output(err: OSError) -> bool:
     """Whether `err` means that the program reading stdout closed it (`| head -1`)."""
-    ## POSIX says so with BrokenPipeError. On Windows the same write can fail with OSError
-    ## EINVAL instead (CPython issue #79935); an error about a file would name the file.
+    ## POSIX says so with BrokenPipeError. On Windows the same write can fail with the C
+    ## library's EINVAL instead (CPython issue #79935): an errno with no Windows error code,
+    ## unlike the EINVAL that Python gives to any Windows error it has no errno for.
     return isinstance(err, BrokenPipeError) or (
-        sys.platform == "win32" and err.errno == errno.EINVAL and err.filename is None)
+        sys.platform == "win32" and err.errno == errno.EINVAL
+        and getattr(err, "winerror", None) is None and err.filename is None)
 
 
 def output_closed(note: str | None = None) -> None:

@@ -44,10 +44,11 @@ import time
 from functools import partial
 from pathlib import Path
 
-## Speed only: skip it on a first read. `import torch` creates some 300,000 Python objects
-## that live until exit, and Python's cycle collector would walk them all again and again as
-## they appear. So it is paused while they load, and then they are frozen out of its sight
-## (gc.freeze): about 0.4 s less per run ("Start-up" in the README).
+## Speed only: skip it on a first read. `import torch` creates some 250,000 Python objects
+## that live until exit, and Python's cycle collector would walk them all, again and again, as
+## they appear. So when this file is run (an importer's collector is left alone), the collector
+## is paused while they load, and then they are frozen out of its sight (gc.freeze) so that
+## later collections skip them too: about 0.4 s less per run ("Start-up" in the README).
 if __name__ == "__main__":
     gc.disable()
 ## Ctrl-C while these load (`import torch` takes a second or two) ends the script with one
@@ -67,9 +68,10 @@ except KeyboardInterrupt:
         raise
     print("\ninterrupted: stopped while starting up.", file=sys.stderr)
     sys.exit(130)
-if __name__ == "__main__":
-    gc.freeze()
-    gc.enable()
+finally:
+    if __name__ == "__main__":  # the imports are in (or failed): frozen, and the collector on
+        gc.freeze()
+        gc.enable()
 
 
 def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
@@ -852,7 +854,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except OSError as err:  # `| head` had read enough: training stops with it, as at Ctrl-C
         if not common.is_closed_output(err):
-            raise  # anything else is a bug, with its traceback
+            raise
         if common.is_main_process():
             go_on = run_files.resume_command(args, parser)
             common.output_closed("stopped: the program reading the output closed it. "

@@ -52,9 +52,10 @@ except KeyboardInterrupt:
         raise
     print("\ninterrupted: stopped while starting up.", file=sys.stderr)
     sys.exit(130)
-if __name__ == "__main__":
-    gc.freeze()
-    gc.enable()
+finally:
+    if __name__ == "__main__":  # the imports are in (or failed): frozen, and the collector on
+        gc.freeze()
+        gc.enable()
 
 
 # classifying: the main path ------------------------------------------------------------------
