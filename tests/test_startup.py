@@ -151,14 +151,14 @@ def test_output_into_a_reader_that_stops_reading_ends_without_a_traceback(
 ## first, as on any machine; then the platform is set to win32, and each run's stdout fails as
 ## Windows' does, until the script points it at the null device.
 WINDOWS_CLOSED_PIPE = """
-import ast, errno, io, os, runpy, sys
+import errno, io, os, runpy, stat, sys
 import torch, PIL.Image
 pipe = os.dup(1)
 class WindowsClosedPipe:
     def __init__(self, fails):
         self.fails = fails
     def fail(self):
-        if os.path.samestat(os.fstat(1), os.fstat(pipe)):
+        if stat.S_ISFIFO(os.fstat(1).st_mode):  # not yet pointed at the null device
             raise OSError(errno.EINVAL, "Invalid argument")
     def write(self, text):
         if self.fails == "write":
