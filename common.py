@@ -42,6 +42,7 @@ import stat
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -283,6 +284,27 @@ def save_checkpoint(path: str | Path, model: nn.Module, *, model_name: str, mean
     write_atomically(path, buffer.getvalue())  # the old file stays whole if this fails
 
 
+def damaged_part(path: str | Path) -> str | None:
+    """The first part of a torch.save archive whose bytes no longer match their checksum."""
+    ## torch.save stores a CRC-32 checksum of each part of its zip archive (one per tensor), but
+    ## torch.load does not check them: a file changed after saving (a bad copy, a failing disk)
+    ## loads with wrong weights and predicts nonsense without a word. zipfile checks them as it
+    ## reads each part, in a few milliseconds for this repo's models.
+    checking = None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for part in archive.infolist():
+                if part.CRC:  # 0: saved after torch.serialization.set_crc32_options(False)
+                    checking = part.filename
+                    archive.read(part)  # BadZipFile("Bad CRC-32 for file ...") if it changed
+    except zipfile.BadZipFile as err:
+        if "CRC-32" in str(err):
+            return checking
+    except Exception:  # no archive that zipfile can read: torch.load will say what is wrong
+        pass
+    return None
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
     """Read a checkpoint written by save_checkpoint, refusing anything that could run code."""
     import pickle
@@ -305,6 +327,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         text = all(32 <= byte < 127 or byte in b"\t\n\r" for byte in start)
         raise CheckpointError(f"{path} is not a PyTorch checkpoint ("
                               + ("it is text)" if text else "torch.save did not write it)"))
+    if part := damaged_part(path):
+        raise CheckpointError(f"{path} is damaged: it changed after it was saved ({part} in it "
+                              "no longer matches the checksum saved with it), as after a bad "
+                              "copy or on a failing disk. Use a good copy, or train again")
     try:
         ## weights_only=True unpickles only tensors and plain containers. A pickle can otherwise
         ## name any function to call while loading, so a downloaded .pt file could run code.

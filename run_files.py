@@ -181,6 +181,8 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
         raise ResumeError(f"--resume: {outputs.resume} is not a file (a folder?), so it holds no "
                           "training state: move it away, or start a new run without --resume")
     try:
+        if part := common.damaged_part(outputs.resume):  # changed after it was saved
+            raise ValueError(f"{part} in it no longer matches the checksum saved with it")
         state = torch.load(outputs.resume, weights_only=True)  # tensors and plain values only
         settings, done = dict(state["settings"]), int(state["epoch"])
         for key in ("model", "optimizer", "scaler", "scheduler", "rng", "best", "history"):

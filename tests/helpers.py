@@ -2,8 +2,10 @@
 
 import csv
 import signal
+import struct
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -14,6 +16,18 @@ def read_csv(path):
     """The rows of a CSV file with a header, as dicts."""
     with open(path) as f:
         return list(csv.DictReader(f))
+
+
+def change_a_tensor_on_disk(path) -> None:
+    """Flip one byte of a tensor's data in a torch.save file, as a bad copy or a failing disk
+    might: the file still loads, with one wrong weight."""
+    with zipfile.ZipFile(path) as archive:
+        part = next(p for p in archive.infolist() if "/data/" in p.filename and p.file_size)
+    data = bytearray(path.read_bytes())
+    header = part.header_offset  # a local header: 30 bytes, then its name and extra field
+    name_length, extra_length = struct.unpack("<HH", data[header + 26:header + 30])
+    data[header + 30 + name_length + extra_length] ^= 0xFF
+    path.write_bytes(bytes(data))
 
 
 def printed_confusion_matrix(out: str) -> torch.Tensor:

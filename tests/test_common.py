@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import posix_only
+from helpers import change_a_tensor_on_disk, posix_only
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -505,6 +505,26 @@ def test_a_truncated_checkpoint_is_a_clear_error(tmp_path):
     path.write_bytes(path.read_bytes()[:5000])
     with pytest.raises(common.CheckpointError, match="truncated"):
         common.load_model(path)
+
+
+def test_a_checkpoint_changed_after_saving_is_refused_by_its_checksums(tmp_path):
+    path = tmp_path / "best.pt"
+    save(path, common.build_model("mlp"))
+    change_a_tensor_on_disk(path)
+    torch.load(path, weights_only=True)  # torch.load itself would read it, one weight wrong
+    with pytest.raises(common.CheckpointError, match=r"best.pt is damaged: it changed after it "
+                       r"was saved \(archive/data/\d+ in it no longer matches the checksum"):
+        common.load_model(path)
+
+
+def test_a_checkpoint_saved_without_checksums_still_loads(tmp_path):
+    ## torch.serialization.set_crc32_options(False) leaves every checksum at 0: nothing to check.
+    torch.serialization.set_crc32_options(False)
+    try:
+        save(tmp_path / "best.pt", common.build_model("mlp"))
+    finally:
+        torch.serialization.set_crc32_options(True)
+    common.load_model(tmp_path / "best.pt")
 
 
 def test_checkpoints_for_other_models_are_refused(tmp_path):

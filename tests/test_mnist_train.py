@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import posix_only, press_ctrl_c, printed_confusion_matrix, read_csv, start
+from helpers import (
+    change_a_tensor_on_disk,
+    posix_only,
+    press_ctrl_c,
+    printed_confusion_matrix,
+    read_csv,
+    start,
+)
 from PIL import Image
 
 import augmentation
@@ -742,6 +749,16 @@ def test_resume_of_a_state_from_another_run_or_version_is_one_line(tiny_mnist, t
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err
     assert (tmp_path / "a.pt").read_bytes() == best  # the run's best model is untouched
+
+
+def test_resume_of_a_state_changed_after_saving_is_one_line(tiny_mnist, tmp_path, capsys):
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "1") == 0
+    change_a_tensor_on_disk(tmp_path / "a_resume.pt")
+    capsys.readouterr()
+    assert train(tiny_mnist, tmp_path / "a.pt", "--resume", "--epochs", "2") == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'a_resume.pt'} is damaged, so the run cannot be "
+                          "resumed (archive/data/") and "no longer matches the checksum" in err
 
 
 def test_resume_refuses_a_best_model_that_another_run_put_in_its_place(tiny_mnist, tmp_path,
