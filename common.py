@@ -285,23 +285,25 @@ def save_checkpoint(path: str | Path, model: nn.Module, *, model_name: str, mean
 
 
 def damaged_part(path: str | Path) -> str | None:
-    """The first part of a torch.save archive whose bytes no longer match their checksum."""
-    ## torch.save stores a CRC-32 checksum of each part of its zip archive (one per tensor), but
-    ## torch.load does not check them: a file changed after saving (a bad copy, a failing disk)
-    ## loads with wrong weights and predicts nonsense without a word. zipfile checks them as it
-    ## reads each part, in a few milliseconds for this repo's models.
-    checking = None
+    """The first part of a torch.save archive that no longer reads back as it was saved."""
+    ## torch.save stores a CRC-32 checksum of each part of its zip archive (the pickle, each
+    ## tensor's bytes), but torch.load does not check them: a file damaged on the way (a bad
+    ## copy, a failing disk) loads with wrong weights and predicts nonsense without a word.
+    ## zipfile checks each part as it reads it: a few milliseconds for this repo's models.
     try:
-        with zipfile.ZipFile(path) as archive:
-            for part in archive.infolist():
-                if part.CRC:  # 0: saved after torch.serialization.set_crc32_options(False)
-                    checking = part.filename
-                    archive.read(part)  # BadZipFile("Bad CRC-32 for file ...") if it changed
-    except zipfile.BadZipFile as err:
-        if "CRC-32" in str(err):
-            return checking
+        archive = zipfile.ZipFile(path)
     except Exception:  # no archive that zipfile can read: torch.load will say what is wrong
-        pass
+        return None
+    with archive:
+        for part in archive.infolist():
+            ## A checksum of 0: saved with torch's checksums off (set_crc32_options(False)).
+            if part.CRC:
+                try:
+                    with archive.open(part) as f:
+                        while f.read(1 << 20):  # a megabyte at a time, however big the part
+                            pass
+                except Exception:  # a wrong checksum, or a damaged header
+                    return part.filename
     return None
 
 
@@ -328,9 +330,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path} is not a PyTorch checkpoint ("
                               + ("it is text)" if text else "torch.save did not write it)"))
     if part := damaged_part(path):
-        raise CheckpointError(f"{path} is damaged: it changed after it was saved ({part} in it "
-                              "no longer matches the checksum saved with it), as after a bad "
-                              "copy or on a failing disk. Use a good copy, or train again")
+        raise CheckpointError(f"{path} is damaged: its part {part} does not read back as it "
+                              "was saved (torch.save keeps a checksum of each part), as after a "
+                              "bad copy or on a failing disk. Use a good copy, or train again")
     try:
         ## weights_only=True unpickles only tensors and plain containers. A pickle can otherwise
         ## name any function to call while loading, so a downloaded .pt file could run code.

@@ -182,7 +182,7 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
                           "training state: move it away, or start a new run without --resume")
     try:
         if part := common.damaged_part(outputs.resume):  # changed after it was saved
-            raise ValueError(f"{part} in it no longer matches the checksum saved with it")
+            raise ValueError(f"its part {part} does not read back as it was saved")
         state = torch.load(outputs.resume, weights_only=True)  # tensors and plain values only
         settings, done = dict(state["settings"]), int(state["epoch"])
         for key in ("model", "optimizer", "scaler", "scheduler", "rng", "best", "history"):
@@ -191,7 +191,8 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
         why = (f"it has no {err} part" if isinstance(err, KeyError)
                else common.first_sentence(err))
         raise common.CheckpointError(f"{outputs.resume} is damaged, so the run cannot be "
-                                     f"resumed ({why})") from err
+                                     f"resumed ({why}): start a new run without --resume") \
+            from err
     check_best_model(outputs, state, settings["model"])
     settings.setdefault("schedule", "constant")  # a run saved before --schedule existed
     for name, value in settings.items():

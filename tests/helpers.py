@@ -18,15 +18,19 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
-def change_a_tensor_on_disk(path) -> None:
+def change_a_tensor_on_disk(path, where="data") -> None:
     """Flip one byte of a tensor's data in a torch.save file, as a bad copy or a failing disk
-    might: the file still loads, with one wrong weight."""
+    might: the file still loads, with one wrong weight. Or ("header") one bit of the length
+    of the name in front of that data: it still loads, with every weight shifted by a byte."""
     with zipfile.ZipFile(path) as archive:
         part = next(p for p in archive.infolist() if "/data/" in p.filename and p.file_size)
     data = bytearray(path.read_bytes())
     header = part.header_offset  # a local header: 30 bytes, then its name and extra field
     name_length, extra_length = struct.unpack("<HH", data[header + 26:header + 30])
-    data[header + 30 + name_length + extra_length] ^= 0xFF
+    if where == "header":
+        data[header + 26] ^= 0x01
+    else:
+        data[header + 30 + name_length + extra_length] ^= 0xFF
     path.write_bytes(bytes(data))
 
 
