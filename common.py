@@ -285,7 +285,8 @@ def save_checkpoint(path: str | Path, model: nn.Module, *, model_name: str, mean
 
 
 def damaged_part(path: str | Path) -> str | None:
-    """The first part of a torch.save archive that no longer reads back as it was saved."""
+    """The first part of a torch.save archive that no longer reads back as it was saved, or
+    None: none (or no zip archive at all, for torch.load to explain)."""
     ## torch.save stores a CRC-32 checksum of each part of its zip archive (the pickle, each
     ## tensor's bytes), but torch.load does not check them: a file damaged on the way (a bad
     ## copy, a failing disk) loads with wrong weights and predicts nonsense without a word.
@@ -308,7 +309,9 @@ def damaged_part(path: str | Path) -> str | None:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Read a checkpoint written by save_checkpoint, refusing anything that could run code."""
+    """Read a checkpoint written by save_checkpoint, refusing anything that could run code.
+    In short: torch.load(path, weights_only=True); the rest turns each way a file can be wrong
+    into a one-line message."""
     import pickle
     import warnings
 
@@ -323,8 +326,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     for signature, kind in PICTURE_SIGNATURES.items():
         if start.startswith(signature) and (kind != "WebP" or start[8:12] == b"WEBP"):
             raise CheckpointError(f"{path} is a {kind} picture, not a checkpoint")
-    ## torch.save writes a zip archive; with _use_new_zipfile_serialization=False (the only
-    ## format before PyTorch 1.6), a pickle, which starts with 0x80 from pickle protocol 2 on.
+    ## torch.save writes a zip archive. Before PyTorch 1.6 (or with
+    ## _use_new_zipfile_serialization=False) it wrote a bare pickle, starting with byte 0x80.
     if not start.startswith((b"PK\x03\x04", b"\x80")):
         text = all(32 <= byte < 127 or byte in b"\t\n\r" for byte in start)
         raise CheckpointError(f"{path} is not a PyTorch checkpoint ("
@@ -802,17 +805,18 @@ def whole_number(text: str) -> int:
 
 def is_closed_output(err: OSError) -> bool:
     """Whether `err` means that the program reading stdout closed it (`| head -1`)."""
-    ## POSIX says so with BrokenPipeError. On Windows the same write can fail with the C
-    ## library's EINVAL instead (CPython issue #79935): an errno with no Windows error code,
-    ## unlike the EINVAL that Python gives to any Windows error it has no errno for.
+    ## POSIX says so with BrokenPipeError. On Windows the same failure can show up as EINVAL
+    ## (CPython issue #79935). Other Windows errors can map to EINVAL too, but they carry a
+    ## Windows error code (winerror) or a file name; this one has neither.
     return isinstance(err, BrokenPipeError) or (
         sys.platform == "win32" and err.errno == errno.EINVAL
         and getattr(err, "winerror", None) is None and err.filename is None)
 
 
 def output_closed(note: str | None = None) -> None:
-    """The program reading a script's output stopped reading (`predict.py *.png | head -1`)."""
-    ## Python then raises BrokenPipeError at the next print. Python's own recipe (the signal
+    """Stdout was closed by its reader (`predict.py *.png | head -1`): say `note` on stderr,
+    and point stdout at the null device. The caller then exits with code 1."""
+    ## Python raises BrokenPipeError at the next print. Python's own recipe (the signal
     ## module's "Note on SIGPIPE"): point stdout at the null device, so that the flush at exit
     ## does not fail a second time with a traceback. The caller exits with code 1.
     if note:

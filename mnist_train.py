@@ -46,11 +46,12 @@ from pathlib import Path
 
 ## Speed only: skip it on a first read. `import torch` creates some 250,000 Python objects
 ## that live until exit, and Python's cycle collector would walk them all, again and again, as
-## they appear. So when this file is run (an importer's collector is left alone), the collector
-## is paused while they load, and then they are frozen out of its sight (gc.freeze) so that
+## they appear. So when this file is run as a script (not when it is imported), the collector
+## is paused while they load; just after, they are frozen out of its sight (gc.freeze) so that
 ## later collections skip them too: about 0.4 s less per run ("Start-up" in the README).
 if __name__ == "__main__":
     gc.disable()
+
 ## Ctrl-C while these load (`import torch` takes a second or two) ends the script with one
 ## line, as Ctrl-C does later, instead of a traceback from deep inside torch.
 try:
@@ -69,7 +70,7 @@ except KeyboardInterrupt:
     print("\ninterrupted: stopped while starting up.", file=sys.stderr)
     sys.exit(130)
 finally:
-    if __name__ == "__main__":  # the imports are in (or failed): frozen, and the collector on
+    if __name__ == "__main__":  # speed only (see above): freeze what loaded, collector on
         gc.freeze()
         gc.enable()
 
@@ -110,7 +111,7 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
 
     # 3. loss ----------------------------------------------------------------------------------
     ## The model outputs 10 raw scores ("logits"); CrossEntropyLoss turns them into
-    ## probabilities itself (log-softmax, then the negative log of the true class's), so the
+    ## probabilities itself (log-softmax, then minus the true class's log-probability), so the
     ## model must not end with a softmax of its own. (To predict a number rather than a class,
     ## regression, the usual loss is nn.MSELoss: the mean squared difference.)
     criterion = nn.CrossEntropyLoss()
@@ -124,17 +125,18 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     epochs = 1 if args.dry_run else args.epochs
     scheduler = make_schedule(args.schedule, optimizer, epochs * len(train_loader))
 
+    ## Under --resume the sanity report skips the initial-loss check: the trained weights only
+    ## come back in step 5.
     if main_process:
         sanity_report(args.model, model, val_loader, criterion, device, [len(s) for s in splits],
-                      untrained=not args.resume)  # --resume: its weights come back in step 5
+                      untrained=not args.resume)
     ## `model` is what we evaluate and save; `train_model` is the same model, wrapped in DDP
     ## under torchrun so that backward() also averages gradients across processes.
     train_model = prepare_for_training(model, args.compile, world, device)
-    ## Speed only: skip it on a first read. Python's garbage collector (for objects that refer
-    ## to each other) walks every object it tracks at each full collection and at exit. The
-    ## ~300,000 objects of `import torch` and of torch._dynamo (the optimizer imported it) live
-    ## until exit anyway: freeze them out of those walks ("Start-up" in the README). Garbage
-    ## made later is still collected.
+    ## Speed only: the objects made so far, torch's and those of torch._dynamo (PyTorch's
+    ## compiler, which torch.optim imports at the first optimizer), live until exit: frozen out
+    ## of the cycle collector's sight, also when train() is called from a notebook ("Start-up"
+    ## in the README). Garbage made later is still collected.
     gc.freeze()
 
     # 5. training loop -------------------------------------------------------------------------
@@ -148,6 +150,7 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
             ## The shuffle is seeded with --seed + epoch: the same order on every rank, and
             ## again after --resume. (DistributedSampler would not reshuffle without it.)
             train_loader.set_epoch(epoch)
+            ## Each batch: forward, loss, backward(), step (the loop itself is in common.py).
             train_loss = common.train_one_epoch(
                 train_model, train_loader, criterion, optimizer, device, epoch=epoch,
                 log_interval=args.log_interval, amp_dtype=amp_dtype, scaler=scaler,

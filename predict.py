@@ -38,6 +38,7 @@ from pathlib import Path
 ## frozen out of its sight (see mnist_train.py).
 if __name__ == "__main__":
     gc.disable()
+
 ## Ctrl-C while these load (`import torch` takes a second or two) ends the script with one
 ## line, as Ctrl-C does later, instead of a traceback from deep inside torch.
 try:
@@ -53,7 +54,7 @@ except KeyboardInterrupt:
     print("\ninterrupted: stopped while starting up.", file=sys.stderr)
     sys.exit(130)
 finally:
-    if __name__ == "__main__":  # the imports are in (or failed): frozen, and the collector on
+    if __name__ == "__main__":  # speed only (see above): freeze what loaded, collector on
         gc.freeze()
         gc.enable()
 
