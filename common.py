@@ -816,9 +816,9 @@ def is_closed_output(err: OSError) -> bool:
 def output_closed(note: str | None = None) -> None:
     """Stdout was closed by its reader (`predict.py *.png | head -1`): say `note` on stderr,
     and point stdout at the null device. The caller then exits with code 1."""
-    ## Python raises BrokenPipeError at the next print. Python's own recipe (the signal
-    ## module's "Note on SIGPIPE"): point stdout at the null device, so that the flush at exit
-    ## does not fail a second time with a traceback. The caller exits with code 1.
+    ## Python raises BrokenPipeError at the next print (or OSError EINVAL on Windows: see
+    ## is_closed_output). Python's own recipe (the signal module's "Note on SIGPIPE"): point
+    ## stdout at the null device, so that the flush at exit does not fail a second time.
     if note:
         with contextlib.suppress(OSError):  # the note may have nowhere to go either
             print(note, file=sys.stderr)
