@@ -3,9 +3,9 @@
 A run writes its best checkpoint (checkpoints/mnist_mlp.pt), the metrics of every epoch beside
 it (.csv), a picture of the test set's mistakes (_mistakes.png), and the state to go on from
 after each epoch (_resume.pt: the last epoch's weights, the optimizer, the random numbers).
-This module decides what happens to those files when a new run starts where an old one
-saved, and puts a saved state back for --resume. It is machinery, not part of the lesson:
-mnist_train.train() calls it in three places.
+This module decides what happens to an earlier run's files when a new run saves where it
+saved (at the new run's first save), and puts a saved state back for --resume. It is
+machinery, not part of the lesson: mnist_train.main() and train() call it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ class RunOutputs:
     ## "Best" means best within one run: a new run's first epoch is usually worse than the end
     ## of the last one. So a new run never writes over an earlier run's files. At its first
     ## save it renames them, stamped with the time the earlier checkpoint was written:
-    ## mnist_mlp.pt -> mnist_mlp.2026-12-01_10-05-33.pt (and the .csv and _mistakes.png).
+    ## mnist_mlp.pt -> mnist_mlp.2026-12-01_10-05-33.pt (and the .csv, _mistakes.png and
+    ## _resume.pt).
     ## The new run's best model then always sits at the usual path, where predict.py looks.
     ## Beside it, mnist_mlp_resume.pt holds the last epoch's weights and optimizer, for --resume.
 
@@ -59,15 +60,18 @@ class RunOutputs:
         try:
             common.write_atomically(self.resume, buffer.getvalue())
             self.last_epoch = state["epoch"]
-        except common.OutputError as err:  # the run goes on; only --resume loses this epoch
+        except common.OutputError as err:  # the run goes on; --resume loses this epoch
+            removed = ""
             if self.saved and self.saved[0] == state["epoch"]:
                 ## This epoch's model is the new best: the older state beside it names another
                 ## best, and --resume would refuse it as another run's. It goes, and says so.
                 with contextlib.suppress(OSError):
                     self.resume.unlink()
+                    removed = (f": that file, the state after epoch {self.last_epoch}, is now "
+                               "removed, since it goes with an earlier best model")
                     self.last_epoch = 0
             print(f"warning: {err} --resume cannot continue from epoch {state['epoch']}"
-                  + ("" if self.last_epoch else ", nor from an earlier one") + ".",
+                  + ("" if self.last_epoch else ", nor from an earlier one") + removed + ".",
                   file=sys.stderr)
 
     @contextlib.contextmanager
@@ -132,7 +136,7 @@ class RunOutputs:
         return {old: names[old] for old in found}
 
     def on_disk(self, resume_command: str, epochs: int) -> str:
-        """One sentence on what is on disk now, for the message after Ctrl-C."""
+        """What is on disk now, for the message after Ctrl-C or a closed output."""
         go_on = (f" To go on from the last epoch saved: {resume_command}."
                  if self.last_epoch else "")
         if self.last_epoch == epochs:  # stopped in the final test: there is nothing to go on with
@@ -150,7 +154,8 @@ class RunOutputs:
 
 
 ## The settings that make a run what it is, kept with its training state: --resume takes them
-## from there, so that the resumed run goes on exactly as it would have without a break.
+## from there, so that the resumed run goes on as it would have without a break (on a CPU,
+## exactly: see resume_training).
 RUN_SETTINGS = ("model", "hidden", "channels", "dataset", "optimizer", "lr", "batch_size",
                 "augment", "clip_grad", "amp", "seed", "val_size", "subset", "loader", "epochs",
                 "schedule")
@@ -176,7 +181,7 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
         raise ResumeError(f"--resume: there is no run to resume at {outputs.checkpoint}: it "
                          "saved no epoch yet (stopped during its first one: start it again "
                          "without --resume), or it was started with another --save-path (or "
-                         "--model): give that one")
+                         "--model or --dataset): give that one")
     if not outputs.resume.is_file():
         raise ResumeError(f"--resume: {outputs.resume} is not a file (a folder?), so it holds no "
                           "training state: move it away, or start a new run without --resume")
@@ -198,7 +203,7 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
     for name, value in settings.items():
         if name not in given:  # left out: the run's own setting
             setattr(args, name, value)
-        elif getattr(args, name) != value and name != "epochs":  # more epochs are fine
+        elif getattr(args, name) != value and name != "epochs":  # more epochs: see below
             flag = "--" + name.replace("_", "-")
             started = "without " + flag if value is None else f"with {flag} {as_flag(value)}"
             raise ResumeError(f"--resume: this run was started {started}, not with {flag} "
@@ -275,8 +280,11 @@ def resume_training(state: dict, model: nn.Module, optimizer: torch.optim.Optimi
         scaler.load_state_dict(state["scaler"])
     if scheduler is not None:  # where the learning rate schedule had got to
         scheduler.load_state_dict(state["scheduler"])
-    if world == 1:  # the CPU's random numbers (dropout, --augment), as if never interrupted;
-        torch.set_rng_state(state["rng"])  # a GPU's own generator is not saved
+    ## The CPU's random numbers (dropout, --augment), as if never interrupted; a GPU's own
+    ## generator is not saved. Under torchrun each rank draws its own numbers and only rank 0's
+    ## were saved: putting those back on every rank would give them all the same ones.
+    if world == 1:
+        torch.set_rng_state(state["rng"])
     best_acc, best_epoch = state["best"]
     return best_acc, best_epoch, state["history"], state["epoch"] + 1
 

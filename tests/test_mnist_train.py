@@ -809,8 +809,9 @@ def test_a_training_state_that_cannot_be_saved_leaves_no_stale_one(tiny_mnist, t
     capsys.readouterr()
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--resume") == 0
     assert torch.load(tmp_path / "a.pt", weights_only=True)["epoch"] == 2
-    assert "--resume cannot continue from epoch 2, nor from an earlier one." in \
-        capsys.readouterr().err
+    assert ("--resume cannot continue from epoch 2, nor from an earlier one: that file, the "
+            "state after epoch 1, is now removed, since it goes with an earlier best model.") \
+        in capsys.readouterr().err
     assert not (tmp_path / "a_resume.pt").exists()
     monkeypatch.setattr(common, "write_atomically", write)
     with pytest.raises(SystemExit):
