@@ -1,5 +1,6 @@
 """Turn any picture of a handwritten digit into the 28 x 28 image an MNIST model expects.
 
+    from pathlib import Path
     from digit_cleanup import load_gray, preprocess
 
     digit, warning = preprocess(load_gray(Path("my_digit.jpg")))  # 28 x 28, 0..1, white on black
@@ -28,8 +29,9 @@ import torch.nn.functional as F
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 ## The settings of the clean-up, in one place.
-## Pillow refuses pictures above this size as "decompression bombs" (small files that would
-## decode to gigabytes); its own default is 89 MP, raised here for big phone and scanner files.
+## Pillow warns about pictures above this size as "decompression bombs" (small files that would
+## decode to gigabytes), and refuses those above twice it; load_gray() refuses them from the
+## warning on. Pillow's own default is 89 MP, raised here for big phone and scanner files.
 Image.MAX_IMAGE_PIXELS = 120_000_000
 MAX_PIXELS = 25_000_000  # bigger pictures are reduced to this as they are read (memory)
 OVERVIEW = 640  # the digit is looked for on a copy at most this many pixels across...
@@ -39,8 +41,10 @@ MIN_CONTRAST = 0.08  # ink differs from the paper by this much (0..1) at the lea
 ## one pixel wide, full height. What makes a digit is its span, then, and a digit can still be
 ## read at a third of MNIST's height. Ink that spans fewer pixels than this is a speck.
 SPECK_EXTENT = 6
-## A dot (a tap on the page, a full stop) is as wide as it is long. Ink less than this many
-## times as long as its strokes are wide is a dot (see is_a_dot()).
+## A dot (a tap on the page, a full stop) is as wide as it is long. stroke_width() reads a
+## round dot's width as half its diameter, so a dot is about 2 "widths" long, and every digit's
+## strokes are longer. Ink less than this many times as long as its strokes are wide is a dot
+## (see is_a_dot()).
 DOT_LENGTH = 3.2
 ## A number or a word is several digit-sized marks side by side, or one mark much wider than
 ## tall; no digit is wider than about twice its height (MNIST's widest: 2.2).
@@ -124,7 +128,7 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
         rgba = img.convert("RGBA")
         img = Image.alpha_composite(Image.new("RGBA", rgba.size, "white"), rgba)
     try:
-        gray = img.convert("L")  # also handles CMYK, palette, 1-bit, YCbCr and HSV images
+        gray = img.convert("L")  # also handles CMYK, 1-bit, YCbCr and HSV images
     except ValueError:  # a mode Pillow cannot convert, such as premultiplied "La"
         raise ImageProblem(f"is in colour mode {img.mode}, which Pillow cannot turn into gray: "
                            "save it as PNG or JPEG") from None
@@ -153,11 +157,13 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
 
 
 # turning a picture into an MNIST digit -------------------------------------------------------
-## preprocess() runs the steps below in this order. Each exists for a kind of picture people
-## really send; the comments say which. A few terms from image processing:
+## preprocess() below is the whole recipe, its steps numbered in the order they run; the
+## functions after it are its helpers. Each step exists for a kind of picture people really
+## send; the comments say which. A few terms from image processing:
 ##   paper level    the brightness the paper would have under each pixel without ink; ink is
 ##                  measured against it, so shadows, uneven light and coloured paper cancel out
 ##   Otsu's method  the threshold that best splits a set of values into two groups (ink, paper)
+##   grain          how much the paper's brightness varies from pixel to pixel (its noise)
 ##   hysteresis     two thresholds: pixels above the high one are ink, and pixels above the low
 ##                  one join them where they touch; a faint stretch of a stroke stays attached
 ##   closing        max, then min, over neighbourhoods: dark gaps narrower than the
@@ -193,18 +199,20 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     mask = keep_digit(marks)  # the digit: no specks, page edges or marks far from it
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
-    others = digit_sized(marks & ~mask, mask)  # marks left out that are as big as the digit
+    others = digit_sized(marks & ~mask, mask)  # how many marks left out are digit-sized
     ## 2. Ink and mask again, on the digit alone: cut out of the full-resolution picture and
     ##    scaled to DIGIT_BOX pixels, so that a small digit is enlarged before any threshold is
     ##    chosen and its thin strokes and small loops survive.
     crop, scale = cut_out(gray, mask, gray.shape[0] / overview.shape[0], dark_ink)
-    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)  # blocks wider than a marker's stroke
+    ## Paper blocks of 13 px: a block inside a thicker stroke takes the paper of the blocks
+    ## around it (the closing in paper_level).
+    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)
     mask = digit_mask(ink)
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
     top, bottom, left, right = bounding_box(mask)
     extent = max(bottom - top, right - left)
-    if extent / scale < SPECK_EXTENT:
+    if extent / scale < SPECK_EXTENT:  # / scale: in the picture's own pixels
         return blank, (f"no digit found: the ink is a speck, {extent / scale:.0f} px across, too "
                        "small to be a digit")
     if is_a_dot(dark_holes_filled(mask, crop, dark_ink)):
@@ -218,10 +226,10 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
 def more_than_one_digit(mask: torch.Tensor, others: int) -> str | None:
     """A warning when the digit's mask looks like a number or a word, or when `others` more
     digit-sized marks were left out; else None."""
-    ## A digit's pieces overlap when seen from below (the bar of a 5 above its belly), or are
-    ## small (a speck, a dot), or thin (a doubled stroke of a 1). Marks that stand side by side
-    ## with paper between them, each at least half as tall as the whole and a quarter as wide,
-    ## are several characters.
+    ## A digit's pieces share columns (the bar of a 5 above its belly), or are small (a speck,
+    ## a dot), or thin (a doubled stroke of a 1). Marks that stand side by side with paper
+    ## between them, each at least half as tall as the whole, as wide as a quarter of its
+    ## height, and with a quarter of the ink of the inkiest, are several characters.
     top, bottom, left, right = bounding_box(mask)
     height = bottom - top
     if (right - left) > MAX_ASPECT * height:
@@ -247,7 +255,7 @@ def more_than_one_digit(mask: torch.Tensor, others: int) -> str | None:
 
 
 def is_a_dot(mask: torch.Tensor) -> bool:
-    """Whether the digit's mask is one blob about as long as it is wide: a dot, not a digit."""
+    """Whether the digit's ink is about as long as its strokes are wide: a dot, not a digit."""
     ## Measured on the digit cut out at DIGIT_BOX px, so that small ink is enlarged first.
     ## stroke_width() gives a stroke's width w; for a round dot of diameter D it gives D / 2, so
     ## a dot is 2 widths long (2.5 to 2.7 as pixels draw it, up to 2.9 for a dot only 6 px
@@ -258,7 +266,9 @@ def is_a_dot(mask: torch.Tensor) -> bool:
     length = max(bottom - top, right - left)
     if length < 12:  # too few pixels: the outline would be most of the ink, no verdict
         return False
-    box = mask[max(top - 1, 0) : bottom + 1, max(left - 1, 0) : right + 1]
+    ## The ink's box with a 1-px margin of paper all round, also where the ink touches the
+    ## edge of the cut-out: stroke_width() sees no outline along an edge without paper.
+    box = F.pad(mask[top:bottom, left:right].float(), (1, 1, 1, 1))
     return length / stroke_width(box) < DOT_LENGTH
 
 
@@ -336,6 +346,8 @@ def ink_polarity(x: torch.Tensor) -> tuple[bool, str | None]:
     ## Dark ink on light paper, or a white-on-black drawing? Pixels that differ from the paper
     ## under them by far more than the paper's own grain are ink, and the ink lies on one side.
     ## With none on either side the picture is blank, or noise with nothing standing out.
+    ## With the ink's side unknown, the paper is each block's median, right only where ink
+    ## covers less than half the block: hence big blocks here, a quarter of the picture.
     residual = x - paper_level(x, max(paper_block(x), min(x.shape) // 4))
     cut = max(MIN_CONTRAST, 5 * grain(x))
     darker = (-residual - cut).clamp(min=0).sum()
@@ -470,7 +482,7 @@ def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
     lines = torch.zeros_like(small)
     for along in (0, 1):  # 0: horizontal lines, 1: vertical lines
         m = (small if along == 0 else small.T).float()[None, None]
-        run = max(8, m.shape[3] // 5) | 1  # odd, as the opening that long_runs replaced was
+        run = max(8, m.shape[3] // 5) | 1  # odd (| 1): what the opening long_runs replaced took
         smeared = F.max_pool2d(m, (3, 1), 1, (1, 0))[0, 0] > 0
         on_line = long_runs(smeared, run) & (m[0, 0] > 0)
         full_rows = on_line.float().mean(dim=1) > 0.6  # rows where a line spans the picture
@@ -551,7 +563,8 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     ## However small, a piece close to the digit's strokes is part of a stroke that broke
     ## apart, not a speck: a faint loop top that came out as a row of dashes. Widened by a
     ## 32nd of the digit's size on each side, in whole pixels (so a digit under 32 pixels
-    ## across is not widened), such pieces touch, dash by dash, and join the main blob.
+    ## across, in this 128-px copy, is not widened), such pieces touch, dash by dash, and join
+    ## the main blob.
     k = int(size) // 32 * 2 + 1  # odd: the window that widens
     joined = components(F.max_pool2d(small.float()[None, None], k, 1, k // 2)[0, 0] > 0)
     ## linked: the blobs inside the same widened region as the main blob
@@ -647,7 +660,7 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
                 max(0, int(left - margin)) : min(w, int(right + margin) + 1)]
     scale = DIGIT_BOX / size
     out_size = (max(1, round(crop.shape[0] * scale)), max(1, round(crop.shape[1] * scale)))
-    if scale >= 1:  # bicubic: enlarged strokes stay crisp
+    if scale >= 1:  # enlarged smoothly (bicubic), with sharper edges than bilinear would give
         resized = F.interpolate(crop[None, None], size=out_size, mode="bicubic")[0, 0]
         return resized.clamp(0, 1), scale
     ## Shrinking averages each cell of pixels into one. A line much thinner than a cell (a
@@ -719,7 +732,9 @@ def stroke_width(mask: torch.Tensor) -> float:
     ## A stroke of width w and length L covers w x L pixels and has an outline of about 2 x L
     ## pixels (one edge on each side), so w = area / (outline / 2).
     m = mask.float()[None, None]
-    inner = -F.max_pool2d(-m, 3, stride=1, padding=1)  # pixels whose 8 neighbours are all ink
+    ## Pixels whose 8 neighbours are all ink. The pooling pads with -inf, so beyond the edge
+    ## counts as ink: a mask needs a margin of paper for its outline to be seen there.
+    inner = -F.max_pool2d(-m, 3, stride=1, padding=1)
     outline = (m - inner).sum()
     return float(2 * m.sum() / outline.clamp(min=1))
 
@@ -739,8 +754,8 @@ def centre_by_mass(digit: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def plain_28x28(gray: torch.Tensor) -> torch.Tensor:
-    """For pictures that are not digits (Fashion-MNIST): the whole picture squashed to 28 x 28,
-    light on dark as MNIST-style datasets are."""
+    """For pictures that are not digits (predict.py, with a Fashion-MNIST checkpoint): the whole
+    picture squashed to 28 x 28, light on dark as MNIST-style datasets are."""
     small = F.interpolate(gray[None, None], size=(28, 28), mode="area")[0, 0]
     border = torch.cat([small[0], small[-1], small[:, 0], small[:, -1]])
     return 1 - small if border.median() > 0.5 else small

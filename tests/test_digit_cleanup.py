@@ -455,6 +455,16 @@ def test_a_bold_zero_is_no_dot():
     assert warning is None and digit[14, 14] < 0.2 < digit[14, 9]  # dark hole, inked ring
 
 
+def test_a_bold_digit_touching_the_edge_of_its_mask_is_no_dot():
+    ## A 7 with 14-px strokes whose bar runs along the top edge and whose stem runs down the
+    ## right edge: about 6 stroke widths long. Without paper beyond those edges their outline
+    ## went unseen, the strokes read as far wider, and the 7 as 2.6 widths long: a dot.
+    seven = torch.zeros(80, 60, dtype=torch.bool)
+    seven[:14, :] = seven[:, -14:] = True
+    assert not digit_cleanup.is_a_dot(seven)
+    assert digit_cleanup.is_a_dot(torch.ones(40, 40, dtype=torch.bool))  # a filled square is
+
+
 def test_no_mnist_style_digit_is_taken_for_a_speck(tiny_mnist, monkeypatch):
     import common
 
