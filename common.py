@@ -60,7 +60,8 @@ def set_seed(seed: int) -> torch.Generator:
     ## initialisation, dropout and torch.randperm repeat exactly from run to run.
     torch.manual_seed(seed)
     ## Give the returned generator to DataLoader(generator=...). The shuffling order, and the
-    ## seeds of its worker processes (PyTorch seeds `random` and torch in each worker from it),
+    ## seeds of its worker processes (PyTorch seeds `random`, torch and, when installed, NumPy
+    ## in each worker from it),
     ## then do not depend on how much randomness the code before used: a model with one more
     ## layer would otherwise change the data order.
     return torch.Generator().manual_seed(seed)
@@ -220,7 +221,8 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
     if not math.isfinite(average := total.item() / seen):
         raise FloatingPointError(f"the training loss became {average} in epoch {epoch}: try a "
                                  "10x lower learning rate or gradient clipping, and check the "
-                                 "inputs for NaN or inf. The weights are no longer usable.")
+                                 "inputs for NaN or inf. The weights are probably no longer "
+                                 "usable.")
     return average
 
 
@@ -332,6 +334,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         text = all(32 <= byte < 127 or byte in b"\t\n\r" for byte in start)
         raise CheckpointError(f"{path} is not a PyTorch checkpoint ("
                               + ("it is text)" if text else "torch.save did not write it)"))
+    device = torch.device(map_location)
+    if device.type != "cpu" and not (torch.accelerator.is_available() and
+                                     torch.accelerator.current_accelerator().type == device.type):
+        raise CheckpointError(f"cannot load {path} onto {device}: PyTorch finds no {device.type} "
+                              "device here (map_location='cpu' loads it on any machine)")
     if part := damaged_part(path):
         raise CheckpointError(f"{path} is damaged: its part {part} does not read back as it "
                               "was saved (torch.save keeps a checksum of each part), as after a "
@@ -356,17 +363,17 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not isinstance(checkpoint, dict) or not all(k in checkpoint for k in needed):
         values = checkpoint.values() if isinstance(checkpoint, dict) else [None]
         if values and all(isinstance(v, torch.Tensor) for v in values):
-            raise CheckpointError(f"{path} holds a bare state_dict. This repo's checkpoints also "
-                                  "record the model name and normalisation: save with "
-                                  "common.save_checkpoint (mnist_train.py does)")
+            raise CheckpointError(f"{path} holds a bare state_dict. A checkpoint that "
+                                  "save_checkpoint writes also records the model name and "
+                                  "normalisation: save it with save_checkpoint")
         if isinstance(checkpoint, dict) and {"optimizer", "settings"} <= checkpoint.keys():
             beside = (f", {path.with_name(path.name.removesuffix('_resume.pt') + '.pt')}"
                       if path.name.endswith("_resume.pt") else "")
-            raise CheckpointError(f"{path} is the training state that mnist_train.py --resume "
-                                  f"goes on from, not a model: give the model saved beside "
-                                  f"it{beside}")
-        raise CheckpointError(f"{path} is a PyTorch file but not a checkpoint from this repo "
-                              f"(it needs the keys {', '.join(needed)})")
+            raise CheckpointError(f"{path} is a training state, for going on with an "
+                                  f"interrupted run (an optimizer and settings), not a model: "
+                                  f"give the model saved beside it{beside}")
+        raise CheckpointError(f"{path} is a PyTorch file but not a checkpoint that "
+                              f"save_checkpoint wrote (it needs the keys {', '.join(needed)})")
     return checkpoint
 
 
@@ -384,11 +391,13 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
                               f"{checkpoint.get('sizes')} ({first_line(err)})") from err
     try:
         model.load_state_dict(checkpoint["state_dict"])  # strict: every name and shape must match
-    except RuntimeError as err:
+    except RuntimeError as err:  # PyTorch's first line is a heading; the first detail follows
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 else first_line(err)
         raise CheckpointError(
-            f"{path} does not fit the {name!r} model defined in common.py "
-            f"({first_sentence(err)}). It was trained with a different architecture: "
-            "retrain it, or restore the model code it was trained with") from err
+            f"{path} does not fit the {name!r} model that this code defines "
+            f"({detail.rstrip('. ')}). It was trained with a different "
+            "architecture: retrain it, or restore the model code it was trained with") from err
     return model.to(device).eval(), checkpoint
 
 
@@ -469,9 +478,13 @@ def load_mnist(data_dir: str | Path, train: bool, download: bool = True,
 def read_idx(path: str | Path) -> torch.Tensor:
     """Read an IDX file of bytes (MNIST's format) into a uint8 tensor of the shape it states."""
     with open(path, "rb") as f:
-        shape = _idx_shape(f)  # load_mnist has checked the file with _idx_problem
+        shape = _idx_shape(f)
+        if isinstance(shape, str):  # what is wrong with the header
+            raise DataError(f"{path} is damaged ({shape})")
         data = bytearray(math.prod(shape))
-        f.readinto(data)  # straight into the buffer the tensor will use: no second copy
+        if f.readinto(data) < len(data):  # straight into the tensor's buffer: no second copy
+            raise DataError(f"{path} is damaged (shorter than its header promises: truncated)")
+    ## torch.frombuffer refuses an empty buffer: a file of 0 images gets an empty tensor.
     return torch.frombuffer(data, dtype=torch.uint8).view(shape) if data else torch.zeros(
         shape, dtype=torch.uint8)
 
@@ -582,14 +595,17 @@ def normalize_images(images: torch.Tensor, mean: float, std: float,
 
 
 class TensorLoader:
-    """Shuffled mini-batches cut from tensors already in memory, used like a DataLoader."""
+    """Mini-batches cut from tensors already in memory (shuffled with shuffle=True), used like
+    a DataLoader."""
 
     ## A DataLoader calls dataset[i] once per sample and collates the results: flexible (files on
     ## disk, random augmentation per sample) but it spends far more time than a small model needs.
     ## When the whole dataset fits in memory, as MNIST does (47 MB as bytes), one indexing
     ## operation per batch does the same job. On a GPU the tensors live in GPU memory, and batches
     ## never cross the PCIe bus. With world_size > 1 each process (rank) takes every
-    ## world_size-th sample of the shuffled order, exactly as DistributedSampler does.
+    ## world_size-th sample of the order. Shuffled, the order is padded to a multiple of
+    ## world_size first, exactly as DistributedSampler does; unshuffled (evaluation), it is not,
+    ## so that every sample counts once.
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int,
                  shuffle: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1,
@@ -752,7 +768,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser that, for an unknown flag, names the one meant: --epoch, --epochs."""
+    """argparse's parser that, for an unknown flag, names the one meant: --epoch, --epochs.
+
+    Give it allow_abbrev=False, or argparse takes a shortened --epoch for --epochs silently.
+    """
 
     def error(self, message: str):
         if message.startswith("unrecognized arguments: "):
@@ -778,7 +797,9 @@ def positive(kind):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+            whole = " whole" if kind is int else ""  # 1.5 is positive, but no whole number
+            raise argparse.ArgumentTypeError(f"expected a positive{whole} number, got {text!r}"
+                                             ) from None
         if not (value > 0 and math.isfinite(value)):
             raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, got {text}")
         if value > 1e30:  # a learning rate of 1e39 would not even fit in a float32 tensor

@@ -529,13 +529,31 @@ def test_a_checkpoint_saved_without_checksums_still_loads(tmp_path):
     common.load_model(tmp_path / "best.pt")
 
 
+def test_loading_onto_a_device_this_machine_lacks_does_not_blame_the_file(tmp_path,
+                                                                          monkeypatch):
+    save(tmp_path / "best.pt", common.build_model("mlp"))
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)  # as on a CPU machine
+    with pytest.raises(common.CheckpointError) as refused:
+        common.load_model(tmp_path / "best.pt", "cuda")
+    assert str(refused.value) == (f"cannot load {tmp_path / 'best.pt'} onto cuda: PyTorch finds "
+                                  "no cuda device here (map_location='cpu' loads it on any "
+                                  "machine)")
+
+
 def test_checkpoints_for_other_models_are_refused(tmp_path):
     torch.save(common.build_model("mlp").state_dict(), tmp_path / "bare.pt")
     with pytest.raises(common.CheckpointError, match="bare state_dict"):
         common.load_model(tmp_path / "bare.pt")
     save(tmp_path / "mismatch.pt", common.build_model("mlp"), name="cnn")
-    with pytest.raises(common.CheckpointError, match="does not fit the 'cnn' model"):
+    ## PyTorch's message starts with a heading line; the first line that says what differs
+    ## is the one shown.
+    with pytest.raises(common.CheckpointError, match=r"does not fit the 'cnn' model that this "
+                       r"code defines \(Missing key\(s\) in state_dict: \"conv1\.weight\""):
         common.load_model(tmp_path / "mismatch.pt")
+    save(tmp_path / "wide.pt", common.build_model("mlp", hidden=[256, 64]))
+    with pytest.raises(common.CheckpointError, match=r"\(size mismatch for fc1\.weight: copying "
+                       r"a param with shape torch\.Size\(\[256, 784\]\) from checkpoint"):
+        common.load_model(tmp_path / "wide.pt")
     save(tmp_path / "unknown.pt", nn.Linear(2, 2), name="resnet")
     with pytest.raises(common.CheckpointError, match="'resnet', which this code does not define"):
         common.load_model(tmp_path / "unknown.pt")
@@ -603,6 +621,18 @@ def test_a_truncated_idx_file_is_named_with_the_fix(tiny_mnist_copy):
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(common.DataError, match=f"{path} is damaged .*truncated.*Delete it"):
         common.load_mnist(tiny_mnist_copy, train=True)
+
+
+def test_read_idx_alone_names_a_damaged_file(tmp_path):
+    ## read_idx is public, and copied alone it has no load_mnist to check the file first.
+    (tmp_path / "text").write_bytes(b"not an IDX file")
+    with pytest.raises(common.DataError, match="text is damaged \\(not an IDX file of bytes"):
+        common.read_idx(tmp_path / "text")
+    (tmp_path / "short").write_bytes(b"\x00\x00\x08\x01" + (5).to_bytes(4, "big") + b"abc")
+    with pytest.raises(common.DataError, match="short is damaged \\(shorter than its header"):
+        common.read_idx(tmp_path / "short")
+    (tmp_path / "whole").write_bytes(b"\x00\x00\x08\x01" + (3).to_bytes(4, "big") + b"abc")
+    assert common.read_idx(tmp_path / "whole").tolist() == [97, 98, 99]
 
 
 def test_missing_mnist_offline_says_which_folder(tmp_path, no_network):

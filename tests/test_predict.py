@@ -233,8 +233,9 @@ def test_the_training_state_given_as_checkpoint_names_the_model_beside_it(traine
     digit_picture(1).save(tmp_path / "one.png")
     assert predict.main(["--checkpoint", str(state), str(tmp_path / "one.png")]) == 1
     assert capsys.readouterr().err == (
-        f"error: {state} is the training state that mnist_train.py --resume goes on from, not a "
-        f"model: give the model saved beside it, {trained_checkpoint}.\n")
+        f"error: {state} is a training state, for going on with an interrupted run (an "
+        f"optimizer and settings), not a model: give the model saved beside it, "
+        f"{trained_checkpoint}.\n")
     renamed = tmp_path / "state.pt"  # renamed: the model's name cannot be guessed
     renamed.write_bytes(state.read_bytes())
     assert predict.main(["--checkpoint", str(renamed), str(tmp_path / "one.png")]) == 1
