@@ -11,9 +11,9 @@ JSON. Built on the standard library's http.server, so it needs nothing to instal
 
 The server is a door into your machine, so it opens little: it listens on 127.0.0.1 unless
 told otherwise, serves the page and nothing else from disk, answers only requests addressed to
-it by name (no DNS rebinding), refuses bodies over MAX_BODY before reading them, and handles
-one picture at a time, so that memory stays bounded (a client that stalls is dropped after a
-minute).
+it by name (no DNS rebinding), refuses bodies over MAX_BODY before reading them, holds at
+most 4 uploads at once and classifies one picture at a time, so that memory stays bounded (a
+client that stalls is dropped after a minute).
 """
 
 from __future__ import annotations
@@ -68,10 +68,15 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
             if not self.allowed("POST"):
                 return
             length = self.headers.get("Content-Length")
-            ## isascii(): isdigit() alone also accepts digits such as "²", which int() refuses.
-            if length is None or not (length.isascii() and length.isdigit()):
+            if length is None:
                 self.reply_json(HTTPStatus.LENGTH_REQUIRED,
                                 {"error": "send the picture with a Content-Length"})
+                return
+            ## isascii(): isdigit() alone also accepts digits such as "²", which int() refuses.
+            if not (length.isascii() and length.isdigit()):
+                self.close_connection = True  # where this body ends is unknown
+                self.reply_json(HTTPStatus.BAD_REQUEST,
+                                {"error": f"Content-Length {length[:20]!r} is not a whole number"})
                 return
             if int(length) > MAX_BODY:  # refused unread; the connection is then closed
                 self.close_connection = True
@@ -102,10 +107,18 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
                     return
             self.reply_json(HTTPStatus.OK, result)
 
-        def refuse(self) -> None:  # every other method gets 405, or 404 for an unknown path
+        def refuse(self) -> None:  # the usual other methods get 405, or 404 for an unknown path
             self.allowed(self.command)
 
         do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = refuse
+
+        def send_error(self, code: int, message: str | None = None,
+                       explain: str | None = None) -> None:
+            """http.server's own refusals (a garbled request, a method it does not know: 400,
+            501...) as one-line JSON too, instead of its HTML page."""
+            self.close_connection = True
+            status = HTTPStatus(code)
+            self.reply_json(status, {"error": message or status.phrase})
 
         def allowed(self, method: str) -> bool:
             """Check the Host header, the path and the method; answer the error if any."""
@@ -212,8 +225,8 @@ def run(host: str, port: int, answer: Callable[[bytes], dict], about: dict,
         print(f"error: cannot listen on {host} port {port}: {err.strerror or err}. Check "
               "--host (127.0.0.1 for this machine only).", file=sys.stderr)
         return 2
-    serve(server, host)
-    return 0
+    serve(server, host)  # returns only if the server is shut down from another thread
+    return 0  # Ctrl-C raises KeyboardInterrupt instead, for the caller's one line and code 130
 
 
 def serve(server: ThreadingHTTPServer, host: str) -> None:

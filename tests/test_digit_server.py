@@ -92,8 +92,10 @@ def test_a_bad_picture_gets_400_with_one_line_and_the_server_goes_on(page_server
     assert request(page_server, "POST", "/predict", drawn(3))[0] == 200
 
 
+## No Content-Length: 411, "Length Required". One that is not a whole number: 400, as RFC 9112
+## (6.3) asks, since where the body ends is unknown.
 @pytest.mark.parametrize("length", ["", "twelve", "\u00b2", "-5"])  # "²" passes str.isdigit()
-def test_a_missing_or_unreadable_content_length_gets_411(page_server, length):
+def test_a_missing_or_unreadable_content_length_is_refused(page_server, length):
     headers = {"Content-Length": length} if length else {}
     connection = http.client.HTTPConnection("127.0.0.1", page_server, timeout=60)
     connection.putrequest("POST", "/predict", skip_host=True)
@@ -104,7 +106,30 @@ def test_a_missing_or_unreadable_content_length_gets_411(page_server, length):
     response = connection.getresponse()
     answer = json.loads(response.read())
     connection.close()
-    assert response.status == 411 and answer == {"error": "send the picture with a Content-Length"}
+    if length:
+        assert response.status == 400 and answer == {
+            "error": f"Content-Length {length!r} is not a whole number"}
+    else:
+        assert response.status == 411 and answer == {
+            "error": "send the picture with a Content-Length"}
+    assert request(page_server, "POST", "/predict", drawn(3))[0] == 200
+
+
+@pytest.mark.parametrize("request_line, status, error", [
+    (b"TRACE / HTTP/1.1", 501, "Unsupported method ('TRACE')"),  # a method http.server lacks
+    (b"GET /" + b"a" * 70_000 + b" HTTP/1.1", 414, "Request-URI Too Long"),  # over 64 KiB
+])
+def test_http_servers_own_refusals_are_one_line_json_too(page_server, request_line, status,
+                                                         error):
+    connection = socket.create_connection(("127.0.0.1", page_server), timeout=30)
+    connection.sendall(request_line + f"\r\nHost: 127.0.0.1:{page_server}\r\n\r\n".encode())
+    reply = b""
+    while chunk := connection.recv(4096):  # the server closes the connection after its reply
+        reply += chunk
+    connection.close()
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.split()[1] == str(status).encode()
+    assert b"Content-Type: application/json" in head and json.loads(body) == {"error": error}
     assert request(page_server, "POST", "/predict", drawn(3))[0] == 200
 
 
