@@ -93,13 +93,14 @@ def main(argv: list[str] | None = None) -> int:
               "handwritten digits, so each picture is only scaled to 28x28 gray (and inverted "
               "when its background is light), without the digit clean-up", file=sys.stderr)
 
-    ## The objects of `import torch` and of the model live until exit: leaving them out of
-    ## Python's later garbage collections (see mnist_train.py) makes the exit ~0.15 s faster.
+    ## Speed only: the objects of `import torch` and the model live as long as this process.
+    ## Leaving them out of Python's later garbage collections (see mnist_train.py) saves time
+    ## at each collection and at exit.
     gc.freeze()
     if args.serve:
         return serve_page(args, model, checkpoint, device)
 
-    if not args.json:  # which model answers: a new run replaces the default checkpoint
+    if not args.json:  # which model answers: the default path holds the latest run's model
         say(f"{args.checkpoint}: {describe(checkpoint)}", sys.stdout)
     results, failed, saved_as = [], 0, set()
     for path in pictures(args.images):
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if result["warning"]:
             meaning = ("means nothing" if result["warning"].startswith("no digit")
-                       else "is a guess at one digit only")
+                       else "reads it all as one digit")
             say(f"{path}: warning: {result['warning']}; the guess {meaning}", sys.stderr)
         results.append({"path": str(path), **result, "checkpoint": str(args.checkpoint),
                         "model": checkpoint["model_name"]})
@@ -136,8 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.save_input is not None:
             try:
                 save_input(args.save_input / f"{unique_stem(path, saved_as)}.png", digit)
-            except common.OutputError as err:
-                say(f"{path}: error: {err}", sys.stderr)
+            except common.OutputError as err:  # classified, but what it saw cannot be saved
+                problem = f"--save-input could not save what the model saw: {err}"
+                say(f"{path}: error: {problem}", sys.stderr)
+                results[-1]["error"] = problem  # --json tells it too
                 failed += 1
     if args.json:
         print(json.dumps(results, indent=2))
@@ -170,8 +173,9 @@ def classify(model: torch.nn.Module, digit: torch.Tensor, mean: float, std: floa
     ## Normalise exactly as in training (the checkpoint records the mean and std it used), add
     ## the batch and channel dimensions the model expects, and run it without autograd.
     inputs = ((digit - mean) / std)[None, None].to(device)  # [28, 28] -> [1, 1, 28, 28]
-    ## Eval mode: Dropout off. load_model() already set it; this line keeps it so in a copy of
-    ## this function that gets its model elsewhere.
+    ## Eval mode: Dropout (the CNN has it) switched off, so the same picture always gets the
+    ## same answer. load_model() already set it; this line is for a copy of this function in
+    ## code whose model comes from elsewhere, perhaps still in training mode.
     model.eval()
     with torch.inference_mode():
         logits = model(inputs)
@@ -234,8 +238,9 @@ def unique_stem(path: Path, used: set[str]) -> str:
 
 def say(line: str, stream) -> None:
     """Print a line; a character the terminal cannot show becomes an escape, not a crash."""
-    ## On Windows, output to a file or pipe is encoded in the console's code page, where a file
-    ## name in another script would raise UnicodeEncodeError and end the whole batch.
+    ## On Windows, output to a file or pipe is encoded in the system's ANSI code page (cp1252,
+    ## say), where a file name in another script would raise UnicodeEncodeError and end the
+    ## whole batch.
     try:
         print(line, file=stream)
     except UnicodeEncodeError:
@@ -257,7 +262,8 @@ def serve_page(args: argparse.Namespace, model: torch.nn.Module, checkpoint: dic
 
 
 def page_answer(model: torch.nn.Module, checkpoint: dict, device: torch.device):
-    """The page's answer to the bytes of a picture file: one --json result, and its input."""
+    """The page's answer to the bytes of a picture file: read_and_classify()'s result, and
+    the 28 x 28 input the model saw."""
     def answer(picture: bytes) -> dict:
         result, digit, _ = read_and_classify(io.BytesIO(picture), model, checkpoint, device)
         return {**result, "input": (digit * 255).round().to(torch.uint8).tolist()}  # 28 x 28
@@ -276,7 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", choices=sorted(common.MODELS), default=None,
                         help="use checkpoints/mnist_<model>.pt, where mnist_train.py --model "
                              "<model> saves it")
-    parser.add_argument("--top-k", type=top_k, default=1, help="also show the next K-1 guesses")
+    parser.add_argument("--top-k", type=top_k, default=1,
+                        help="also show the next K-1 guesses (--json lists every class's "
+                             "probability)")
     parser.add_argument("--json", action="store_true", help="print a JSON list instead")
     parser.add_argument("--save-input", type=Path, metavar="DIR", default=None,
                         help="save the 28x28 image the model saw for each input into DIR")

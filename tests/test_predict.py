@@ -255,6 +255,21 @@ def test_save_input_gives_two_pictures_with_one_name_two_files(trained_checkpoin
         tmp_path / "seen" / "d3A-2.png").read_bytes()
 
 
+def test_an_input_that_cannot_be_saved_is_an_error_for_that_picture_only(trained_checkpoint,
+                                                                          tmp_path, capsys):
+    digit_picture(3).save(tmp_path / "three.png")
+    digit_picture(7).save(tmp_path / "seven.png")
+    (tmp_path / "seen" / "three.png").mkdir(parents=True)  # in the way of three's input
+    assert predict.main(["--checkpoint", str(trained_checkpoint), "--json", "--save-input",
+                         str(tmp_path / "seen"), str(tmp_path / "three.png"),
+                         str(tmp_path / "seven.png")]) == 1
+    three, seven = json.loads(capsys.readouterr().out)
+    assert three["error"].startswith("--save-input could not save what the model saw: "
+                                     f"{tmp_path / 'seen' / 'three.png'} is a directory")
+    assert three["prediction"] is not None and "error" not in seven
+    assert (tmp_path / "seen" / "seven.png").is_file()
+
+
 def test_a_pattern_no_shell_expanded_is_expanded_here(trained_checkpoint, tmp_path, capsys):
     ## Windows' cmd and PowerShell pass photos/*.jpg to Python as it is.
     for digit in (1, 7):
