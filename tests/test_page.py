@@ -108,6 +108,13 @@ def test_a_picture_that_is_not_one_shows_the_servers_error(page, tmp_path):
     assert "is not an image" in page.inner_text("#warning")
 
 
+def test_a_picture_over_the_limit_shows_the_limit(page, tmp_path):
+    (tmp_path / "huge.png").write_bytes(bytes(21 * 2**20))
+    page.set_input_files("#file", str(tmp_path / "huge.png"))
+    page.wait_for_function("document.getElementById('warning').textContent !== ''")
+    assert page.inner_text("#warning") == "the picture is 21.0 MB; the limit is 20 MB"
+
+
 def test_clear_while_an_answer_is_on_its_way_leaves_the_pad_blank(page):
     ## Every answer is held back half a second, as a big photo or a busy machine would: Clear,
     ## pressed meanwhile, must not let the cleared drawing's answer appear afterwards.
