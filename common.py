@@ -221,8 +221,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
     if not math.isfinite(average := total.item() / seen):
         raise FloatingPointError(f"the training loss became {average} in epoch {epoch}: try a "
                                  "10x lower learning rate or gradient clipping, and check the "
-                                 "inputs for NaN or inf. The weights are probably no longer "
-                                 "usable.")
+                                 "inputs for NaN or inf. The weights are likely ruined.")
     return average
 
 
