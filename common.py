@@ -108,9 +108,10 @@ def get_device(name: str = "auto") -> torch.device:
 ## parameters (model.parameters() finds them, model.to(device) moves them); forward() says how
 ## data flows through them. PyTorch initialises each layer's weights as it is built, uniformly
 ## within +-1/sqrt(inputs per unit), which works well for small networks like these
-## (synthetic_train.py shows how to choose an initialisation yourself). Neither model ends in a
-## softmax: nn.CrossEntropyLoss applies log-softmax itself, and a second softmax would squash
-## the logits and slow learning.
+## (synthetic_train.py shows how to choose an initialisation yourself). Both return "logits":
+## one raw score per class, any real number, higher for the likelier class. Neither ends in a
+## softmax (which would turn them into probabilities): nn.CrossEntropyLoss applies log-softmax
+## itself, and a second softmax would squash the logits and slow learning.
 
 
 class MLP(nn.Module):
@@ -120,8 +121,10 @@ class MLP(nn.Module):
         super().__init__()
         sizes = [28 * 28, *hidden, num_classes]
         ## One nn.Linear per pair of neighbouring sizes, named fc1, fc2, ...: setattr registers
-        ## each exactly as `self.fc1 = nn.Linear(784, 128)` would. Change the hidden sizes and
-        ## the parameter count follows: (784 + 1) x 128 + (128 + 1) x 64 + (64 + 1) x 10.
+        ## each exactly as `self.fc1 = nn.Linear(784, 128)` would, so the state_dict keys are
+        ## fc1.weight, fc1.bias, ... whatever the depth (an nn.Sequential would name them 0, 2,
+        ## ...). The parameter count follows the sizes; for the default ones it is
+        ## (784 + 1) x 128 + (128 + 1) x 64 + (64 + 1) x 10 = 109,386.
         for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:]), start=1):
             setattr(self, f"fc{i}", nn.Linear(n_in, n_out))
         self.layers = len(sizes) - 1
@@ -163,7 +166,8 @@ MODELS = {"mlp": MLP, "cnn": CNN}
 
 def build_model(name: str, **sizes) -> nn.Module:
     """Return a freshly initialised model by name ("mlp" or "cnn"), with optional sizes."""
-    ## Checkpoints store the name and the sizes, so predict.py rebuilds exactly what was trained.
+    ## mnist_train.py's checkpoints store the name and the sizes (save_checkpoint's sizes=), so
+    ## predict.py rebuilds exactly what was trained.
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     return MODELS[name](**sizes)
