@@ -394,12 +394,10 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
                               f"{checkpoint.get('sizes')} ({first_line(err)})") from err
     try:
         model.load_state_dict(checkpoint["state_dict"])  # strict: every name and shape must match
-    except RuntimeError as err:  # PyTorch's first line is a heading; the first detail follows
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        detail = lines[1] if len(lines) > 1 else first_line(err)
+    except RuntimeError as err:
         raise CheckpointError(
             f"{path} does not fit the {name!r} model that this code defines "
-            f"({detail.rstrip('. ')}). It was trained with a different "
+            f"({first_detail(err)}). It was trained with a different "
             "architecture: retrain it, or restore the model code it was trained with") from err
     return model.to(device).eval(), checkpoint
 
@@ -407,6 +405,13 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
 def first_line(err: BaseException) -> str:
     """The first line of an exception's message (or its type's name), for one-line errors."""
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def first_detail(err: BaseException) -> str:
+    """What load_state_dict's error says first, below its heading line ("Error(s) in loading
+    state_dict for MLP:"): the missing key, or the size that differs. Else the first line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return (lines[1] if len(lines) > 1 else first_line(err)).rstrip(". ")
 
 
 def sentence(text: str) -> str:

@@ -275,7 +275,9 @@ def resume_training(state: dict, model: nn.Module, optimizer: torch.optim.Optimi
     except (RuntimeError, ValueError, KeyError) as err:  # the state of another model's run
         raise common.CheckpointError("--resume: the training state saved beside the checkpoint "
                                      "(its _resume.pt) does not fit the model its settings "
-                                     f"describe ({common.first_sentence(err)})") from None
+                                     f"describe ({common.first_detail(err)}), so the run "
+                                     "cannot be resumed: start a new run without --resume"
+                                     ) from None
     if scaler is not None and state["scaler"] is not None:
         scaler.load_state_dict(state["scaler"])
     if scheduler is not None:  # where the learning rate schedule had got to

@@ -737,7 +737,9 @@ def test_resume_when_a_folder_has_the_training_state_s_name(tiny_mnist, tmp_path
      "is damaged, so the run cannot be resumed (it has no 'optimizer' part): start a new run "
      "without --resume."),
     (lambda state: state["settings"].update(hidden=[32]),
-     "the training state saved beside the checkpoint (its _resume.pt) does not fit the model"),
+     "the training state saved beside the checkpoint (its _resume.pt) does not fit the model its "
+     "settings describe (Unexpected key(s) in state_dict: \"fc3.weight\", \"fc3.bias\"), so the "
+     "run cannot be resumed: start a new run without --resume"),
 ])
 def test_resume_of_a_state_from_another_run_or_version_is_one_line(tiny_mnist, tmp_path, capsys,
                                                                    edit, message):
