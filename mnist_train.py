@@ -21,8 +21,9 @@ What you should see (the MLP; about 7 s in all on a 2-core CPU, see the README):
 train() below is the lesson: 1. data -> 2. model -> 3. loss -> 4. optimizer -> 5. training loop
 -> 6. final test. The best epoch is chosen on a validation split held out from the training
 images; the test set is used once, at the end, so its accuracy is an honest estimate. The
-helpers after train() hold the optional machinery (torchrun, compile, deterministic mode, the
-CSV and TensorBoard logs, Ctrl-C); the lesson reads without them. The command-line settings
+helpers after train() hold the details of each step (how the loaders are built, which
+optimizer) and the optional machinery (torchrun, compile, deterministic mode, the CSV and
+TensorBoard logs, Ctrl-C): the lesson reads without opening them. The command-line settings
 come last (`python mnist_train.py --help` lists them).
 """
 
@@ -117,7 +118,7 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     criterion = nn.CrossEntropyLoss()
 
     # 4. optimizer -----------------------------------------------------------------------------
-    optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr, device)  # Adam
+    optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr, device)  # Adam, or SGD
     ## float16 has a narrow range: a GradScaler multiplies the loss before backward() so that
     ## small gradients do not round to zero, then divides them back before the step.
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
@@ -125,8 +126,8 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     epochs = 1 if args.dry_run else args.epochs
     scheduler = make_schedule(args.schedule, optimizer, epochs * len(train_loader))
 
-    ## Under --resume the sanity report skips the initial-loss check: the trained weights only
-    ## come back in step 5.
+    ## Under --resume the sanity report skips the initial-loss check: the weights are still
+    ## random here (the trained ones come back in step 5), and the check would describe them.
     if main_process:
         sanity_report(args.model, model, val_loader, criterion, device, [len(s) for s in splits],
                       untrained=not args.resume)
@@ -169,10 +170,11 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
                 seconds = time.perf_counter() - start
                 history.append([epoch, f"{train_loss:.6f}", f"{val_loss:.6f}", f"{val_acc:.6f}",
                                 f"{seconds:.3f}", int(saved)])
-                with interrupts_deferred():  # no Ctrl-C between the checkpoint and its CSV
+                with interrupts_deferred():  # no Ctrl-C between checkpoint, CSV and state
                     if saved:
                         ## At this run's first save, an earlier run's files at this path are
-                        ## renamed with their date, never written over.
+                        ## renamed with their date, never written over (a dry run replaces
+                        ## an earlier dry run's file).
                         with outputs.keeping_earlier_run(epoch, val_acc):
                             common.save_checkpoint(save_path, model, model_name=args.model,
                                                    mean=mean, std=std, epoch=epoch,
@@ -207,8 +209,9 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
         print(format_confusion_matrix(confusion_matrix(guesses, truth), classes))
         report_mistakes(outputs.mistakes, test_images[splits[2]], guesses, truth, args.dry_run,
                         classes)
-        ## Near chance on both validation and test: a validation set of a few images can be
-        ## at 0 by bad luck alone, while the test accuracy shows the model learned.
+        ## Near chance (below twice chance) on both validation and test: a validation set of a
+        ## few images can be at 0 by bad luck alone, while the test accuracy shows the model
+        ## learned. Runs on fewer than 1,000 images (a small --subset) get no verdict.
         chance = 2 / len(classes)
         if (not args.dry_run and len(splits[0]) >= 1000 and best_acc < chance
                 and correct / len(truth) < chance):
@@ -219,7 +222,7 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The helpers train() calls, roughly in the order it first calls them.
+# The helpers of train() (and of main()), grouped by what they are for.
 
 ## --dataset: torchvision's folder name (DATA_DIR/<folder>/raw/), and the class names. Both are
 ## 28x28 gray pictures in 10 classes, in the same file format: swapping one for the other
@@ -296,7 +299,7 @@ def amp_dtype_for(choice: str | None, device: torch.device) -> torch.dtype | Non
 def native_bf16(device: torch.device) -> bool:
     """Whether bfloat16 is the right 16-bit type for `device` (False: use float16 instead)."""
     if device.type != "cuda":
-        return True  # CPUs, Apple and Intel GPUs have no GradScaler-free alternative to it
+        return True  # CPUs, Apple and Intel GPUs: bfloat16, whose range needs no GradScaler
     if torch.version.hip:  # AMD GPUs: ask ROCm about the GPU in question
         with torch.cuda.device(device):
             return torch.cuda.is_bf16_supported()
@@ -518,7 +521,9 @@ def did_not_learn(best_acc: float, classes: int, lr: float, optimizer: str,
     else:
         rate = (f"--lr {lr:g}: if the loss jumped, try --lr {lr / 10:g}; if it barely fell, "
                 f"--lr {lr * 10:g}")
-    if clip_grad is not None and clip_grad < 1e-3:  # clipped that hard, every step is tiny
+    ## Clipping shrinks SGD's steps with the gradients. Adam divides each gradient by its own
+    ## running size, so its steps shrink only where the clipped gradients near its eps (1e-8).
+    if clip_grad is not None and clip_grad < (1e-3 if optimizer == "sgd" else 1e-6):
         rate = f"--clip-grad {clip_grad:g} is so small that every step is nearly 0: try 1.0"
 
     return (f"warning: the best validation accuracy, {best_acc:.4f}, is near chance "
@@ -605,7 +610,7 @@ def interrupts_deferred():
 
 def record_history(csv_path: Path, history: list[list], writer) -> None:
     """Rewrite the per-epoch CSV (atomically, like the checkpoint) and log to TensorBoard."""
-    ## The whole file is rewritten each epoch, atomically, right after the checkpoint. A new run
+    ## The whole file is rewritten after each epoch (and its checkpoint, if it saved one). A new run
     ## therefore leaves the previous run's CSV in place until it has saved its own first
     ## checkpoint, so the two come from the same run (unless this write fails: that ends the
     ## run with an error that says so).
@@ -771,7 +776,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="auto, cpu, cuda, cuda:1, mps, xpu")
     parser.add_argument("--amp", nargs="?", const="auto", choices=["auto", "bf16", "fp16"],
                         default=None, help="mixed precision: bf16, or fp16 with a GradScaler "
-                        "(auto: bf16 on CPUs and on GPUs that support it, else fp16)")
+                        "(--amp alone is auto: bf16, except fp16 on GPUs without native bf16, "
+                        "such as NVIDIA's before Ampere)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--seed", type=seed_number, default=42,
                         help="same seed, same run (bit for bit on a CPU; GPUs: --deterministic)")
@@ -780,15 +786,18 @@ def build_parser() -> argparse.ArgumentParser:
     # output
     parser.add_argument("--save-path", type=Path, default=None,
                         help="best checkpoint (default: checkpoints/mnist_<model>.pt, "
-                             "fashion_mnist_<model>.pt, or dry_run_...); per-epoch metrics go "
-                             "next to it as .csv")
+                             "fashion_mnist_<model>.pt, or dry_run_...); beside it go the "
+                             "per-epoch metrics (.csv), the mistakes picture (_mistakes.png) and "
+                             "the state --resume goes on from (_resume.pt); an earlier run's "
+                             "files there are renamed, never replaced")
     parser.add_argument("--log-interval", type=positive(int), default=200,
                         help="print the training loss every N batches")
     parser.add_argument("--tensorboard", metavar="DIR", default=None,
                         help="also write TensorBoard logs to DIR (pip install tensorboard)")
     parser.add_argument("--resume", action="store_true",
                         help="go on with the interrupted (or finished) run saved at --save-path, "
-                             "from its last epoch, with its settings; --epochs can grow")
+                             "from its last epoch, with its settings; --epochs can grow (a "
+                             "finished run needs more), except with --schedule warmup-cosine")
     parser.add_argument("--dry-run", action="store_true",
                         help="one batch of train, validation and test, then stop (for CI)")
     return parser
@@ -812,7 +821,8 @@ class UsageError(Exception):
 
 @contextlib.contextmanager
 def sigterm_as_ctrl_c():
-    """Make SIGTERM (`kill`, a job scheduler) raise KeyboardInterrupt, as Ctrl-C does."""
+    """Make SIGTERM (`kill`, a job scheduler) and Windows' Ctrl-Break raise KeyboardInterrupt,
+    as Ctrl-C does (and make sure Ctrl-C itself does)."""
     ## Both then unwind through main()'s `except KeyboardInterrupt`, and `finally` blocks on the
     ## way remove half-written temporary files. The caller's handlers are put back afterwards.
     def interrupt(signum, frame):

@@ -1051,10 +1051,17 @@ def test_the_did_not_learn_warning_says_which_way_the_learning_rate_is_off(lr, o
     assert f"the learning rate ({advice}); the labels" in warning
 
 
-def test_the_did_not_learn_warning_names_a_gradient_clip_too_small_to_step():
-    warning = mnist_train.did_not_learn(0.09, 10, 1e-3, "adam", [2.30], clip_grad=1e-300)
-    assert "the learning rate (--clip-grad 1e-300 is so small that every step is nearly 0: try " \
-           "1.0); the labels" in warning
+@pytest.mark.parametrize("optimizer, clip_grad, named", [
+    ("adam", 1e-300, True), ("sgd", 1e-4, True),
+    ## Adam divides by the gradients' own size: clipped to 1e-4, its steps stay near full size.
+    ("adam", 1e-4, False),
+])
+def test_the_did_not_learn_warning_names_a_gradient_clip_too_small_to_step(optimizer, clip_grad,
+                                                                            named):
+    lr = 1e-3 if optimizer == "adam" else 1e-2
+    warning = mnist_train.did_not_learn(0.09, 10, lr, optimizer, [2.30], clip_grad=clip_grad)
+    assert (f"the learning rate (--clip-grad {clip_grad:g} is so small that every step is nearly "
+            "0: try 1.0); the labels" in warning) == named
 
 
 def test_a_run_that_learned_gets_no_such_warning(tiny_mnist, tmp_path, capsys):
