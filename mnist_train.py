@@ -77,7 +77,10 @@ finally:
 
 
 def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
-    """The lesson: data -> model -> loss -> optimizer -> training loop -> final test."""
+    """The lesson: data -> model -> loss -> optimizer -> training loop -> final test.
+
+    `outputs` (run_files.RunOutputs, made by main()) names the files the run writes.
+    """
     ## torchrun (several GPUs) starts one copy of this script per GPU; each copy is a "rank",
     ## 0 to world - 1. A plain `python mnist_train.py` is rank 0 of a world of 1.
     rank, world, device = setup_system(args)  # torchrun, seeding, deterministic mode, TF32
