@@ -337,11 +337,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         text = all(32 <= byte < 127 or byte in b"\t\n\r" for byte in start)
         raise CheckpointError(f"{path} is not a PyTorch checkpoint ("
                               + ("it is text)" if text else "torch.save did not write it)"))
-    device = torch.device(map_location)
-    if device.type != "cpu" and not (torch.accelerator.is_available() and
-                                     torch.accelerator.current_accelerator().type == device.type):
-        raise CheckpointError(f"cannot load {path} onto {device}: PyTorch finds no {device.type} "
-                              "device here (map_location='cpu' loads it on any machine)")
+    try:  # a device this machine has: else torch.load would fail as if the file were bad
+        get_device(str(map_location))
+    except ValueError:
+        raise CheckpointError(f"cannot load {path} onto {map_location}: PyTorch finds no such "
+                              "device here (map_location='cpu' loads it on any machine)") from None
     if part := damaged_part(path):
         raise CheckpointError(f"{path} is damaged: its part {part} does not read back as it "
                               "was saved (torch.save keeps a checksum of each part), as after a "
@@ -485,13 +485,12 @@ def load_mnist(data_dir: str | Path, train: bool, download: bool = True,
 
 def read_idx(path: str | Path) -> torch.Tensor:
     """Read an IDX file of bytes (MNIST's format) into a uint8 tensor of the shape it states."""
+    if problem := _idx_problem(Path(path)):  # before trusting the sizes its header states
+        raise DataError(f"{path} is damaged ({problem})")
     with open(path, "rb") as f:
         shape = _idx_shape(f)
-        if isinstance(shape, str):  # what is wrong with the header
-            raise DataError(f"{path} is damaged ({shape})")
         data = bytearray(math.prod(shape))
-        if f.readinto(data) < len(data):  # straight into the tensor's buffer: no second copy
-            raise DataError(f"{path} is damaged (shorter than its header promises: truncated)")
+        f.readinto(data)  # straight into the buffer the tensor will use: no second copy
     ## torch.frombuffer refuses an empty buffer: a file of 0 images gets an empty tensor.
     return torch.frombuffer(data, dtype=torch.uint8).view(shape) if data else torch.zeros(
         shape, dtype=torch.uint8)

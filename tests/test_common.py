@@ -529,15 +529,21 @@ def test_a_checkpoint_saved_without_checksums_still_loads(tmp_path):
     common.load_model(tmp_path / "best.pt")
 
 
-def test_loading_onto_a_device_this_machine_lacks_does_not_blame_the_file(tmp_path,
-                                                                          monkeypatch):
+## As on a CPU machine, or on a machine with one GPU (cuda:0); "gpu" is no device name.
+@pytest.mark.parametrize("device, has_one_gpu", [("cuda", False), ("cuda:1", True),
+                                                 ("gpu", False)])
+def test_loading_onto_a_device_this_machine_lacks_does_not_blame_the_file(tmp_path, monkeypatch,
+                                                                          device, has_one_gpu):
     save(tmp_path / "best.pt", common.build_model("mlp"))
-    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)  # as on a CPU machine
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: has_one_gpu)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator",
+                        lambda: torch.device("cuda") if has_one_gpu else None)
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: int(has_one_gpu))
     with pytest.raises(common.CheckpointError) as refused:
-        common.load_model(tmp_path / "best.pt", "cuda")
-    assert str(refused.value) == (f"cannot load {tmp_path / 'best.pt'} onto cuda: PyTorch finds "
-                                  "no cuda device here (map_location='cpu' loads it on any "
-                                  "machine)")
+        common.load_model(tmp_path / "best.pt", device)
+    assert str(refused.value) == (f"cannot load {tmp_path / 'best.pt'} onto {device}: PyTorch "
+                                  "finds no such device here (map_location='cpu' loads it on "
+                                  "any machine)")
 
 
 def test_checkpoints_for_other_models_are_refused(tmp_path):
@@ -629,8 +635,13 @@ def test_read_idx_alone_names_a_damaged_file(tmp_path):
     with pytest.raises(common.DataError, match="text is damaged \\(not an IDX file of bytes"):
         common.read_idx(tmp_path / "text")
     (tmp_path / "short").write_bytes(b"\x00\x00\x08\x01" + (5).to_bytes(4, "big") + b"abc")
-    with pytest.raises(common.DataError, match="short is damaged \\(shorter than its header"):
+    with pytest.raises(common.DataError, match="short is damaged \\(11 bytes where its header "
+                       "promises 13: truncated or padded\\)"):
         common.read_idx(tmp_path / "short")
+    ## A damaged header that promises 3 x (2**32 - 1) bytes is refused before any is allocated.
+    (tmp_path / "huge").write_bytes(b"\x00\x00\x08\x03" + b"\xff" * 12 + b"abc")
+    with pytest.raises(common.DataError, match="huge is damaged"):
+        common.read_idx(tmp_path / "huge")
     (tmp_path / "whole").write_bytes(b"\x00\x00\x08\x01" + (3).to_bytes(4, "big") + b"abc")
     assert common.read_idx(tmp_path / "whole").tolist() == [97, 98, 99]
 
