@@ -65,11 +65,17 @@ class RunOutputs:
             if self.saved and self.saved[0] == state["epoch"]:
                 ## This epoch's model is the new best: the older state beside it names another
                 ## best, and --resume would refuse it as another run's. It goes, and says so.
-                with contextlib.suppress(OSError):
+                older, self.last_epoch = self.last_epoch, 0
+                try:
                     self.resume.unlink()
-                    removed = (f": that file, the state after epoch {self.last_epoch}, is now "
-                               "removed, since it goes with an earlier best model")
-                    self.last_epoch = 0
+                    removed = (f": that file, the state after epoch {older}, is now removed, "
+                               "since it goes with an earlier best model")
+                except FileNotFoundError:  # there was none
+                    pass
+                except OSError as gone:
+                    removed = (f"; the state after epoch {older} goes with an earlier best model "
+                               f"and could not be removed ({gone.strerror}): --resume will "
+                               "refuse it")
             print(f"warning: {err} --resume cannot continue from epoch {state['epoch']}"
                   + ("" if self.last_epoch else ", nor from an earlier one") + removed + ".",
                   file=sys.stderr)

@@ -822,6 +822,26 @@ def test_a_training_state_that_cannot_be_saved_leaves_no_stale_one(tiny_mnist, t
     assert "or it could not be written): start a new run" in capsys.readouterr().err
 
 
+def test_a_stale_training_state_that_cannot_be_removed_either_is_named(tiny_mnist, tmp_path,
+                                                                        monkeypatch, capsys):
+    ## As in a folder that turned read-only: neither the new state nor the removal works.
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "1") == 0
+    fail_to_write_training_states(monkeypatch)
+    unlink = Path.unlink
+
+    def refuse_the_state(self, missing_ok=False):
+        if self.name.endswith("_resume.pt"):
+            raise PermissionError(13, "Permission denied")
+        unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refuse_the_state)
+    capsys.readouterr()
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--resume") == 0
+    assert ("--resume cannot continue from epoch 2, nor from an earlier one; the state after "
+            "epoch 1 goes with an earlier best model and could not be removed (Permission "
+            "denied): --resume will refuse it.") in capsys.readouterr().err
+
+
 def test_a_resumed_run_whose_state_cannot_be_saved_keeps_the_one_it_resumed_from(
         tiny_mnist, tmp_path, monkeypatch, capsys):
     ## Epoch 2 is no new best, so the state of epoch 1 still matches the checkpoint: kept.
@@ -1052,7 +1072,7 @@ def test_the_did_not_learn_warning_says_which_way_the_learning_rate_is_off(lr, o
 
 
 @pytest.mark.parametrize("optimizer, clip_grad, named", [
-    ("adam", 1e-300, True), ("sgd", 1e-4, True),
+    ("adam", 1e-300, True), ("sgd", 1e-4, True), ("sgd", 1e-2, False),
     ## Adam divides by the gradients' own size: clipped to 1e-4, its steps stay near full size.
     ("adam", 1e-4, False),
 ])
