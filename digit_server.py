@@ -117,6 +117,10 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
             """http.server's own refusals (a garbled request, a method it does not know: 400,
             501...) as one-line JSON too, instead of its HTML page."""
             self.close_connection = True
+            ## A request line it could not read leaves the version at HTTP/0.9, which has no
+            ## status line or headers: answer as HTTP/1.0 instead, so the status is seen.
+            if self.request_version == "HTTP/0.9":
+                self.request_version = "HTTP/1.0"
             status = HTTPStatus(code)
             self.reply_json(status, {"error": message or status.phrase})
 

@@ -118,6 +118,7 @@ def test_a_missing_or_unreadable_content_length_is_refused(page_server, length):
 @pytest.mark.parametrize("request_line, status, error", [
     (b"TRACE / HTTP/1.1", 501, "Unsupported method ('TRACE')"),  # a method http.server lacks
     (b"GET /" + b"a" * 70_000 + b" HTTP/1.1", 414, "Request-URI Too Long"),  # over 64 KiB
+    (b"GET / HTTP/1.x", 400, "Bad request version ('HTTP/1.x')"),  # a garbled request line
 ])
 def test_http_servers_own_refusals_are_one_line_json_too(page_server, request_line, status,
                                                          error):
