@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             except common.OutputError as err:  # classified, but what it saw cannot be saved
                 problem = f"--save-input could not save what the model saw: {err}"
                 say(f"{path}: error: {problem}", sys.stderr)
-                results[-1]["error"] = problem  # --json tells it too
+                results[-1]["save_input_error"] = problem  # --json tells it too
                 failed += 1
     if args.json:
         print(json.dumps(results, indent=2))

@@ -264,9 +264,12 @@ def test_an_input_that_cannot_be_saved_is_an_error_for_that_picture_only(trained
                          str(tmp_path / "seen"), str(tmp_path / "three.png"),
                          str(tmp_path / "seven.png")]) == 1
     three, seven = json.loads(capsys.readouterr().out)
-    assert three["error"].startswith("--save-input could not save what the model saw: "
-                                     f"{tmp_path / 'seen' / 'three.png'} is a directory")
-    assert three["prediction"] is not None and "error" not in seven
+    ## Classified all the same: the error has a key of its own, "error" meaning no result.
+    assert three["save_input_error"].startswith("--save-input could not save what the model "
+                                                f"saw: {tmp_path / 'seen' / 'three.png'} is a "
+                                                "directory")
+    assert three["prediction"] is not None and "error" not in three
+    assert "save_input_error" not in seven
     assert (tmp_path / "seen" / "seven.png").is_file()
 
 
