@@ -81,6 +81,7 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
 
     `outputs` (run_files.RunOutputs, made by main()) names the files the run writes.
     """
+    check_settings(args)  # flags that do not go together are refused before any work
     ## torchrun (several GPUs) starts one copy of this script per GPU; each copy is a "rank",
     ## 0 to world - 1. A plain `python mnist_train.py` is rank 0 of a world of 1.
     rank, world, device = setup_system(args)  # torchrun, seeding, deterministic mode, TF32
@@ -320,6 +321,14 @@ def normalisation(dataset: str, images: torch.Tensor) -> tuple[float, float]:
     return round(pixels.mean().item(), 4), round(pixels.std().item(), 4)
 
 
+def check_settings(args: argparse.Namespace) -> None:
+    """Raise UsageError for flags that do not go together."""
+    model_sizes(args)  # --hidden and --channels must fit --model
+    if args.num_workers and args.loader == "memory":  # batches are tensor slices: no workers
+        raise UsageError("--num-workers is for --loader dataloader; the in-memory loader needs "
+                         "no worker processes")
+
+
 def model_sizes(args: argparse.Namespace) -> dict:
     """The model's sizes from --hidden and --channels, as build_model() takes them."""
     if args.model == "mlp":
@@ -400,9 +409,6 @@ def make_loaders(args, images, labels, test_images, test_labels, splits, device,
     mean, std = normalise
     digits = args.dataset == "mnist"  # augment(styles=): handwriting styles are for digits
     if args.loader == "memory":
-        if args.num_workers:  # nothing to spread over processes: batches are tensor slices
-            raise UsageError("--num-workers is for --loader dataloader; the in-memory loader "
-                             "needs no worker processes")
         ## Decode and normalise every image once, into one tensor on the training device.
         def loader(imgs, labs, idx, batch_size, shuffle=False, rank=rank, world=world):
             inputs = common.normalize_images(imgs[idx], mean, std, device)

@@ -179,6 +179,20 @@ def test_bad_arguments_are_argparse_errors(tiny_mnist, tmp_path, capsys, args, m
     assert not (tmp_path / "m.pt").exists()
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--channels", "8", "16"], "--channels is for --model cnn"),
+    (["--num-workers", "2"], "--num-workers is for --loader dataloader"),
+])
+def test_flags_that_do_not_go_together_are_refused_before_the_data_is_read(tmp_path, capsys,
+                                                                         no_network, args,
+                                                                         message):
+    with pytest.raises(SystemExit) as exit_:  # no MNIST here: reading it would fail first
+        train(tmp_path / "no-data", tmp_path / "m.pt", *args)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "MNIST" not in err
+
+
 def test_missing_mnist_offline_names_the_folder(tmp_path, capsys, no_network):
     assert train(tmp_path / "typo" / "data", tmp_path / "m.pt") == 1
     err = capsys.readouterr().err
