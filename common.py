@@ -19,8 +19,9 @@ file that starts with these imports (tests/test_common.py pastes each one that w
     import torch
     from torch import nn
 
-The checkpoint functions lean on each other and on the "writing files safely" section: copy both
-sections whole, or call torch.save and torch.load(weights_only=True) yourself.
+The checkpoint functions lean on each other, on get_device (to check map_location) and on the
+"writing files safely" section: copy those whole, or call torch.save and
+torch.load(weights_only=True) yourself.
 
 The second half is plumbing that the scripts share and a reader can skip: reading the MNIST
 files, batches cut from tensors in memory, writing files safely, the scripts' --help, and

@@ -168,6 +168,7 @@ RUN_SETTINGS = ("model", "hidden", "channels", "dataset", "optimizer", "lr", "ba
 
 
 def run_settings(args: argparse.Namespace) -> dict:
+    """The run's RUN_SETTINGS, read from args, to save with its training state."""
     return {name: getattr(args, name) for name in RUN_SETTINGS}
 
 
