@@ -1,0 +1,53 @@
+"""The least time a training run of mnist_train.py's shape can take: only the training steps.
+
+    python benchmarks/bare_loop.py --epochs 5
+
+benchmarks/bench_pipeline.py --end-to-end runs it beside classic_mnist.py and mnist_train.py.
+It pays what every PyTorch training script pays, and nothing else: starting Python, `import
+torch` (with mnist_train.py's pause of the cycle collector), building the same model and the
+same fused Adam (whose first use imports torch._dynamo, PyTorch's compiler), and 860 steps of
+64 samples per epoch. Its data are random tensors already in memory: no files are read, and
+nothing is evaluated, saved or printed. So mnist_train.py's time minus this one is what its
+own work costs (reading MNIST, validation, checkpoints, the final test and its pictures), and
+classic_mnist.py's time divided by this one is the largest speed-up any script could show.
+"""
+
+import gc
+import sys
+
+gc.disable()  # as mnist_train.py does while torch loads (README, "Start-up")
+try:
+    import argparse
+    from pathlib import Path
+
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import common
+finally:
+    gc.freeze()
+    gc.enable()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--model", choices=sorted(common.MODELS), default="mlp")
+    args = parser.parse_args()
+    torch.manual_seed(42)
+    model = common.build_model(args.model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    criterion = nn.CrossEntropyLoss()
+    inputs, targets = torch.randn(55_000, 1, 28, 28), torch.randint(0, 10, (55_000,))
+    gc.freeze()  # as mnist_train.py does once its setup is done
+    model.train()
+    for _ in range(args.epochs):
+        for start in range(0, len(targets), 64):  # 860 batches, in order
+            optimizer.zero_grad(set_to_none=True)
+            criterion(model(inputs[start : start + 64]), targets[start : start + 64]).backward()
+            optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
