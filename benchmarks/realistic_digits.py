@@ -381,16 +381,19 @@ def speed(args) -> None:
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, str(REPO / "predict.py"), "--checkpoint",
                                  args.checkpoint, str(huge)], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True)
-        out = proc.stdout.read().strip()
+                                stderr=subprocess.STDOUT, text=True)
+        out = proc.stdout.read().strip()  # its answer, or its error message
         if hasattr(os, "wait4"):  # Linux, macOS: this child's own peak memory
-            _, _, usage = os.wait4(proc.pid, 0)
+            _, status, usage = os.wait4(proc.pid, 0)
+            code = os.waitstatus_to_exitcode(status)
             ## ru_maxrss is in kilobytes on Linux, in bytes on macOS (`man getrusage`).
             peak = usage.ru_maxrss / (1024 * 1024 if sys.platform == "darwin" else 1024)
             memory = f"peak memory {peak:.0f} MiB"
         else:  # Windows has no wait4
-            proc.wait()
+            code = proc.wait()
             memory = "peak memory not measured on this system"
+        if code != 0 or not out:  # e.g. no checkpoint yet: a time for a failed run means nothing
+            sys.exit(f"predict.py failed on the 100 MP picture: {out or f'exit code {code}'}")
         print(f"10000 x 10000 RGB PNG of a 3 (100 MP): predict.py says '{out.split(': ')[-1]}' "
               f"in {time.perf_counter() - start:.1f} s, {memory}")
 
