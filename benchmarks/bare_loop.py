@@ -34,12 +34,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--model", choices=sorted(common.MODELS), default="mlp")
+    parser.add_argument("--device", default="auto")
     args = parser.parse_args()
+    try:
+        device = common.get_device(args.device)
+    except ValueError as err:
+        parser.error(str(err))
     torch.manual_seed(42)
-    model = common.build_model(args.model)
+    model = common.build_model(args.model).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
     criterion = nn.CrossEntropyLoss()
-    inputs, targets = torch.randn(55_000, 1, 28, 28), torch.randint(0, 10, (55_000,))
+    inputs = torch.randn(55_000, 1, 28, 28, device=device)
+    targets = torch.randint(0, 10, (55_000,), device=device)
     gc.freeze()  # as mnist_train.py does once its setup is done
     model.train()
     for _ in range(args.epochs):
@@ -47,6 +53,8 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             criterion(model(inputs[start : start + 64]), targets[start : start + 64]).backward()
             optimizer.step()
+    if device.type != "cpu":
+        torch.accelerator.synchronize()  # the GPU's queue of work is part of the run
 
 
 if __name__ == "__main__":

@@ -146,7 +146,7 @@ def end_to_end(args):
                                "--epochs", "5", "--model", args.model, "--device", args.device,
                                "--save-path", f"{tmp}/bench.pt"],
             "bare_loop.py": [sys.executable, "benchmarks/bare_loop.py", "--epochs", "5",
-                             "--model", args.model],
+                             "--model", args.model, "--device", args.device],
         }
         results = {name: [] for name in runs}
         for pair in range(1, args.pairs + 1):  # alternated: a busy spell hits all alike
