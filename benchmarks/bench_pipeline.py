@@ -18,7 +18,7 @@ each ratio is the median of the per-epoch ratios: a median, so that one quiet or
 moment on a noisy machine does not decide the figure.
 
 --end-to-end instead runs classic_mnist.py and mnist_train.py (5 epochs each) as separate
-processes, --pairs times in alternation (classic, ours, classic, ours, ...), and reports the
+processes, --pairs times in alternation (classic, ours, bare loop, classic, ...), and reports the
 median wall time from process start to exit, the peak memory and the test accuracy. Each round
 also runs benchmarks/bare_loop.py: the same imports, model, optimizer and training steps on
 random tensors, with no files, evaluation or saving. No script of this shape can be faster, so
@@ -149,19 +149,19 @@ def end_to_end(args):
                              "--model", args.model, "--device", args.device],
         }
         results = {name: [] for name in runs}
-        for pair in range(1, args.pairs + 1):  # alternated: a busy spell hits all alike
+        for round_ in range(1, args.pairs + 1):  # alternated: a busy spell hits all alike
             for name, cmd in runs.items():
                 results[name].append(run_script(cmd))
                 seconds, peak, accuracy = results[name][-1]
                 memory = f"peak {peak:.0f} MiB" if peak is not None else "peak memory unknown"
-                print(f"pair {pair}: {name}: {seconds:.1f} s, {memory}, {accuracy}", flush=True)
+                print(f"round {round_}: {name}: {seconds:.1f} s, {memory}, {accuracy}", flush=True)
     classic, ours, bare = (statistics.median(r[0] for r in results[name]) for name in runs)
     ratios = [c[0] / o[0] for c, o, _ in zip(*results.values())]
     ceilings = [c[0] / b[0] for c, _, b in zip(*results.values())]
     print(f"\nmedians of {args.pairs}: classic_mnist.py {classic:.1f} s, mnist_train.py "
           f"{ours:.1f} s, bare_loop.py {bare:.1f} s; mnist_train.py is "
-          f"{statistics.median(ratios):.1f}x faster end to end (median of the pairs' ratios; "
-          f"each pair: {', '.join(f'{r:.1f}x' for r in ratios)}); the bare loop, the fastest "
+          f"{statistics.median(ratios):.1f}x faster end to end (median of the rounds' ratios; "
+          f"each round: {', '.join(f'{r:.1f}x' for r in ratios)}); the bare loop, the fastest "
           f"any script of this shape can be, {statistics.median(ceilings):.1f}x "
           f"({', '.join(f'{r:.1f}x' for r in ceilings)})")
 
