@@ -482,9 +482,9 @@ def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
     lines = torch.zeros_like(small)
     for along in (0, 1):  # 0: horizontal lines, 1: vertical lines
         m = (small if along == 0 else small.T).float()[None, None]
-        ## A line is ink along more than 0.6 of its row (full_rows below), and a line's pixels
-        ## are the row's own ink: with fewer than two rows that inked, there is nothing to find.
-        ## Most pictures stop here, which saves the rest of this loop's work.
+        ## A line fills more than 0.6 of its row with ink (full_rows below), and only the row's
+        ## own ink can be line: with fewer than two rows that full, there is nothing to find.
+        ## Most pictures stop here and skip the search below.
         if int((m[0, 0].mean(dim=1) > 0.6).sum()) < 2:
             continue
         run = max(8, m.shape[3] // 5) | 1  # odd (| 1): what the opening long_runs replaced took

@@ -17,11 +17,11 @@ Each pipeline's time is the median of its epochs after the first (which includes
 each ratio is the median of the per-epoch ratios: a median, so that one quiet or one busy
 moment on a noisy machine does not decide the figure.
 
---end-to-end instead runs classic_mnist.py and mnist_train.py (5 epochs each) as separate
-processes, --pairs times in alternation (classic, ours, bare loop, classic, ...), and reports the
-median wall time from process start to exit, the peak memory and the test accuracy. Each round
-also runs benchmarks/bare_loop.py: the same imports, model, optimizer and training steps on
-random tensors, with no files, evaluation or saving. No script of this shape can be faster, so
+--end-to-end instead runs classic_mnist.py, mnist_train.py and benchmarks/bare_loop.py (5 epochs
+each) as separate processes, in --pairs rounds (classic, ours, bare loop, classic, ...), and
+reports the median wall time from process start to exit, the peak memory and the test accuracy.
+The bare loop has mnist_train.py's imports, model, optimizer and training steps, on random
+tensors, with no files, evaluation or saving: no script of this shape can be faster, so
 classic_mnist.py's time over bare_loop.py's is the largest speed-up this machine allows.
 """
 
