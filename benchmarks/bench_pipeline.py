@@ -39,18 +39,10 @@ from torch import nn
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bare_loop import floor_epoch
 from classic_mnist import classic_loaders, classic_test, classic_train_epoch
 
 import common
-
-
-def floor_epoch(model, inputs, targets, criterion, optimizer, batch_size):
-    model.train()
-    for start in range(0, len(targets), batch_size):
-        optimizer.zero_grad(set_to_none=True)
-        criterion(model(inputs[start : start + batch_size]),
-                  targets[start : start + batch_size]).backward()
-        optimizer.step()
 
 
 def timed(device, fn, *args, **kwargs):
