@@ -18,11 +18,12 @@ each ratio is the median of the per-epoch ratios: a median, so that one quiet or
 moment on a noisy machine does not decide the figure.
 
 --end-to-end instead runs classic_mnist.py, mnist_train.py and benchmarks/bare_loop.py (5 epochs
-each) as separate processes, in --pairs rounds (classic, ours, bare loop, classic, ...), and
-reports the median wall time from process start to exit, the peak memory and the test accuracy.
-The bare loop has mnist_train.py's imports, model, optimizer and training steps, on random
-tensors, with no files, evaluation or saving: no script of this shape can be faster, so
-classic_mnist.py's time over bare_loop.py's is the largest speed-up this machine allows.
+each) as separate processes, round after round (classic, ours, bare loop, classic, ...; --rounds
+sets how many), and reports the median wall time from process start to exit, the peak memory
+and the test accuracy. The bare loop has mnist_train.py's imports, model, optimizer and
+training steps, on random tensors, with no files, evaluation or saving: no script of this shape
+can be faster, so classic_mnist.py's time over bare_loop.py's is the largest speed-up this
+machine allows.
 """
 
 import argparse
@@ -141,7 +142,7 @@ def end_to_end(args):
                              "--model", args.model, "--device", args.device],
         }
         results = {name: [] for name in runs}
-        for round_ in range(1, args.pairs + 1):  # alternated: a busy spell hits all alike
+        for round_ in range(1, args.rounds + 1):  # alternated: a busy spell hits all alike
             for name, cmd in runs.items():
                 results[name].append(run_script(cmd))
                 seconds, peak, accuracy = results[name][-1]
@@ -150,7 +151,7 @@ def end_to_end(args):
     classic, ours, bare = (statistics.median(r[0] for r in results[name]) for name in runs)
     ratios = [c[0] / o[0] for c, o, _ in zip(*results.values())]
     ceilings = [c[0] / b[0] for c, _, b in zip(*results.values())]
-    print(f"\nmedians of {args.pairs}: classic_mnist.py {classic:.1f} s, mnist_train.py "
+    print(f"\nmedians of {args.rounds}: classic_mnist.py {classic:.1f} s, mnist_train.py "
           f"{ours:.1f} s, bare_loop.py {bare:.1f} s; mnist_train.py is "
           f"{statistics.median(ratios):.1f}x faster end to end (median of the rounds' ratios; "
           f"each round: {', '.join(f'{r:.1f}x' for r in ratios)}); the bare loop, the fastest "
@@ -167,7 +168,7 @@ def main():
                         help="epochs of each pipeline; the median of the epoch-by-epoch "
                              "ratios (from epoch 2 on) is compared")
     parser.add_argument("--end-to-end", action="store_true")
-    parser.add_argument("--pairs", type=int, default=3,
+    parser.add_argument("--rounds", type=int, default=3,
                         help="--end-to-end: how many alternated rounds of runs (classic, "
                              "ours, the bare loop)")
     args = parser.parse_args()
