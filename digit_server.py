@@ -78,14 +78,19 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
                 self.reply_json(HTTPStatus.BAD_REQUEST,
                                 {"error": f"Content-Length {length[:20]!r} is not a whole number"})
                 return
-            if int(length) > MAX_BODY:  # refused unread; the connection is then closed
+            ## int() refuses more than 4,300 digits (a guard against slow conversions): a length
+            ## that long is far over the limit anyway, and is refused before int() sees it.
+            digits = length.lstrip("0") or "0"  # leading zeros count as digits for int() too
+            size = int(digits) if len(digits) <= 15 else None
+            if size is None or size > MAX_BODY:  # refused unread; the connection is then closed
                 self.close_connection = True
+                said = f"{size / 2**20:.1f} MB" if size is not None else "far too large"
                 self.reply_json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                {"error": f"the picture is {int(length) / 2**20:.1f} MB; the limit "
-                                          f"is {MAX_BODY // 2**20} MB"})
+                                {"error": f"the picture is {said}; the limit is "
+                                          f"{MAX_BODY // 2**20} MB"})
                 return
             with uploads:
-                body = self.rfile.read(int(length))
+                body = self.rfile.read(size)
                 if not body:
                     self.reply_json(HTTPStatus.BAD_REQUEST,
                                     {"error": "the picture is empty (0 bytes)"})
@@ -236,7 +241,9 @@ def run(host: str, port: int, answer: Callable[[bytes], dict], about: dict,
 def serve(server: ThreadingHTTPServer, host: str) -> None:
     """Say where the page is, then serve until Ctrl-C (which raises KeyboardInterrupt)."""
     port = server.server_port
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    ## Every address of the machine: its loopback in the same family (on Windows, an IPv6
+    ## socket takes no IPv4 connections, so 127.0.0.1 would not reach a server on "::").
+    shown = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
     print(f"Open http://{shown if ':' not in shown else f'[{shown}]'}:{port}/ in a browser "
           "to draw a digit. Ctrl-C to stop.", flush=True)
     if host not in ("127.0.0.1", "localhost", "::1"):

@@ -145,18 +145,21 @@ def hang_up_mid_request(port: int, body: bytes) -> None:
     connection.close()
 
 
-def test_a_body_over_the_limit_gets_413_without_being_read(page_server):
+## A length of 5,000 digits is more than int() converts (4,300): refused all the same.
+@pytest.mark.parametrize("length, said", [(str(21 * 2**20), "21.0 MB"),
+                                          ("9" * 5000, "far too large")])
+def test_a_body_over_the_limit_gets_413_without_being_read(page_server, length, said):
     ## Only the headers are sent: the server must answer without waiting for 21 MB.
     connection = socket.create_connection(("127.0.0.1", page_server), timeout=30)
     connection.sendall(f"POST /predict HTTP/1.1\r\nHost: 127.0.0.1:{page_server}\r\n"
-                       f"Content-Length: {21 * 2**20}\r\n\r\n".encode())
+                       f"Content-Length: {length}\r\n\r\n".encode())
     reply = b""
     while chunk := connection.recv(4096):  # the server closes the connection after its reply
         reply += chunk
     connection.close()
     reply = reply.decode()
     assert reply.startswith("HTTP/1.0 413") or reply.startswith("HTTP/1.1 413")
-    assert "the limit is 20 MB" in reply
+    assert f"the picture is {said}; the limit is 20 MB" in reply
     assert request(page_server, "POST", "/predict", drawn(3))[0] == 200
 
 
@@ -253,6 +256,16 @@ def test_pictures_given_with_serve_are_a_usage_error_not_ignored(capsys):
     assert "--serve takes no pictures" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", [["--json"], ["--save-input", "seen"], ["--top-k", "3"]])
+def test_command_line_output_flags_with_serve_are_a_usage_error_not_ignored(capsys, tmp_path,
+                                                                            flag):
+    with pytest.raises(SystemExit) as exit_:
+        predict.main(["--serve", *[str(tmp_path / f) if f == "seen" else f for f in flag]])
+    assert exit_.value.code == 2
+    assert "are for pictures on the command line" in capsys.readouterr().err
+    assert not (tmp_path / "seen").exists()  # no folder made for nothing
+
+
 def test_serve_prints_the_address_and_ctrl_c_ends_it_with_one_line(trained_checkpoint):
     ## On the way, a client hangs up before its answer: that is no error, and prints nothing.
     proc = start([sys.executable, "-u", "predict.py", "--serve", "--port", "0",
@@ -275,3 +288,23 @@ def test_the_page_can_be_served_on_ipv6s_loopback_too(trained_checkpoint):
         pytest.skip(f"no IPv6 loopback here: {err}")
     server.server_close()
     assert digit_server.host_allowed(f"[::1]:{server.server_port}", "::1", server.server_port)
+
+
+def test_a_server_on_every_ipv6_address_shows_ipv6s_loopback(capsys):
+    ## --host :: listens on an IPv6 socket, which on Windows takes no IPv4 connections: the
+    ## address printed must be [::1], not 127.0.0.1, and it must answer.
+    try:
+        server = digit_server.make_server("::", 0, lambda body: {}, {"model": "mlp"})
+    except OSError as err:  # a machine without IPv6
+        pytest.skip(f"no IPv6 here: {err}")
+    port = server.server_port
+    with ThreadPoolExecutor(1) as pool:
+        serving = pool.submit(digit_server.serve, server, "::")
+        connection = http.client.HTTPConnection("::1", port, timeout=60)
+        connection.request("GET", "/model", headers={"Host": f"[::1]:{port}"})
+        status = connection.getresponse().status
+        connection.close()
+        server.shutdown()
+        serving.result(timeout=60)
+    assert status == 200
+    assert capsys.readouterr().out.startswith(f"Open http://[::1]:{port}/ in a browser")
