@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve and args.images:  # the page takes its pictures from the browser
         parser.error("--serve takes no pictures: classify them without --serve, or drop them "
                      "on the page")
+    if args.serve and (args.json or args.save_input or args.top_k != 1):  # the page shows those
+        parser.error("--json, --save-input and --top-k are for pictures on the command line; "
+                     "the page shows every class's probability and the 28x28 input itself")
     if args.checkpoint is not None and args.model is not None:
         parser.error("give --model (for its default checkpoint) or --checkpoint, not both")
     given = args.checkpoint is not None
@@ -169,7 +172,10 @@ def read_and_classify(source, model: torch.nn.Module, checkpoint: dict,
 
 def classify(model: torch.nn.Module, digit: torch.Tensor, mean: float, std: float,
              device: torch.device) -> torch.Tensor:
-    """The model's probability for each of its classes, given one 28 x 28 image (0..1)."""
+    """The model's probability for each of its classes, given one 28 x 28 image (0..1).
+
+    It leaves the model in eval mode: call model.train() before training it further.
+    """
     ## Normalise exactly as in training (the checkpoint records the mean and std it used), add
     ## the batch and channel dimensions the model expects, and run it without autograd.
     inputs = ((digit - mean) / std)[None, None].to(device)  # [28, 28] -> [1, 1, 28, 28]
@@ -205,7 +211,8 @@ def checkpoint_problem(err: common.CheckpointError, args: argparse.Namespace, gi
     text = common.sentence(str(err))
     if not args.checkpoint.exists():
         if given:  # train one that is saved there
-            text += f" Train one first: python mnist_train.py --save-path {args.checkpoint}"
+            text += (f" Train one first: python mnist_train.py --save-path {args.checkpoint} "
+                     "(with --model cnn for a CNN)")
         else:  # the default path: say where that is, whatever the current folder
             text = common.sentence(f"checkpoint {args.checkpoint.resolve()} does not exist")
             model = f" --model {args.model}" if args.model and args.model != "mlp" else ""
@@ -229,10 +236,11 @@ def pictures(paths: list[Path]) -> list[Path]:
 
 def unique_stem(path: Path, used: set[str]) -> str:
     """path's stem, or stem-2, stem-3, ... so that two pictures never share one name."""
+    ## Compared without case: on Windows and macOS, Seven.png and seven.png are one file.
     stem, n = path.stem, 1
-    while (name := stem if n == 1 else f"{stem}-{n}") in used:
+    while (name := stem if n == 1 else f"{stem}-{n}").casefold() in used:
         n += 1
-    used.add(name)
+    used.add(name.casefold())
     return name
 
 

@@ -246,13 +246,13 @@ def test_save_input_gives_two_pictures_with_one_name_two_files(trained_checkpoin
     (tmp_path / "marker").mkdir()
     (tmp_path / "mouse").mkdir()
     digit_picture(3).save(tmp_path / "marker" / "d3A.jpg")
-    digit_picture(8).save(tmp_path / "mouse" / "d3A.png")
+    digit_picture(8).save(tmp_path / "mouse" / "d3a.png")  # one name where case is ignored
     assert predict.main(["--checkpoint", str(trained_checkpoint), "--save-input",
                          str(tmp_path / "seen"), str(tmp_path / "marker" / "d3A.jpg"),
-                         str(tmp_path / "mouse" / "d3A.png")]) == 0
-    assert sorted(p.name for p in (tmp_path / "seen").iterdir()) == ["d3A-2.png", "d3A.png"]
+                         str(tmp_path / "mouse" / "d3a.png")]) == 0
+    assert sorted(p.name for p in (tmp_path / "seen").iterdir()) == ["d3A.png", "d3a-2.png"]
     assert (tmp_path / "seen" / "d3A.png").read_bytes() != (
-        tmp_path / "seen" / "d3A-2.png").read_bytes()
+        tmp_path / "seen" / "d3a-2.png").read_bytes()
 
 
 def test_an_input_that_cannot_be_saved_is_an_error_for_that_picture_only(trained_checkpoint,
@@ -311,4 +311,5 @@ def test_a_cnn_is_described_by_name_and_a_missing_given_checkpoint_says_how_to_m
     digit_picture(1).save(tmp_path / "one.png")
     assert predict.main(["--checkpoint", str(tmp_path / "mine.pt"), str(tmp_path / "one.png")]) == 1
     assert capsys.readouterr().err.endswith(
-        f"Train one first: python mnist_train.py --save-path {tmp_path / 'mine.pt'}\n")
+        f"Train one first: python mnist_train.py --save-path {tmp_path / 'mine.pt'} (with "
+        "--model cnn for a CNN)\n")
