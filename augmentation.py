@@ -59,7 +59,8 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
     ## (pytorch/pytorch#125098): there, keep the grid on the edge pixels' centres, so that
     ## "zeros" gives the zero-padding no weight and each read repeats an edge pixel instead.
     if device.type == "mps":
-        edge = torch.tensor([1 - 1 / images.shape[3], 1 - 1 / images.shape[2]], device=device)
+        edge = torch.tensor([1 - 1 / images.shape[3], 1 - 1 / images.shape[2]], device=device,
+                            dtype=grid.dtype)  # float16 stays float16: grid_sample wants one type
         grid = torch.maximum(torch.minimum(grid, edge), -edge)
     out = F.grid_sample(images, grid, padding_mode="border" if device.type != "mps" else "zeros",
                         align_corners=False)
