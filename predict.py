@@ -172,16 +172,14 @@ def read_and_classify(source, model: torch.nn.Module, checkpoint: dict,
 
 def classify(model: torch.nn.Module, digit: torch.Tensor, mean: float, std: float,
              device: torch.device) -> torch.Tensor:
-    """The model's probability for each of its classes, given one 28 x 28 image (0..1).
-
-    It leaves the model in eval mode: call model.train() before training it further.
-    """
+    """The model's probability for each of its classes, given one 28 x 28 image (0..1)."""
     ## Normalise exactly as in training (the checkpoint records the mean and std it used), add
     ## the batch and channel dimensions the model expects, and run it without autograd.
     inputs = ((digit - mean) / std)[None, None].to(device)  # [28, 28] -> [1, 1, 28, 28]
     ## Eval mode: Dropout (the CNN has it) switched off, so the same picture always gets the
     ## same answer. load_model() already set it; this line is for a copy of this function in
-    ## code whose model comes from elsewhere, perhaps still in training mode.
+    ## code whose model comes from elsewhere, perhaps still in training mode (it stays in eval
+    ## mode: call model.train() before training it further).
     model.eval()
     with torch.inference_mode():
         logits = model(inputs)
