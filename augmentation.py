@@ -46,7 +46,8 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
     ## grid_sample() reads there, blending the 4 nearest pixels. Positions run from -1 to 1
     ## across the picture, so on 28 pixels one unit is 14 px. (align_corners=False in both
     ## calls: -1 and 1 are the outer edges of the edge pixels, not their centres.)
-    shift_x, shift_y = uniform(2 / 14), uniform(2 / 14)  # +-2 px
+    height, width = images.shape[-2:]
+    shift_x, shift_y = uniform(2 / (width / 2)), uniform(2 / (height / 2))  # +-2 px
     ## theta is a rotation matrix [[cos, -sin], [sin, cos]] plus the shift. It maps output to
     ## input, so dividing by scale (scale > 1: read from nearer the centre) enlarges the digit.
     cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale

@@ -461,6 +461,22 @@ def test_augment_works_in_the_batch_s_own_dtype(dtype):
     assert out.dtype == dtype and out.shape == x.shape and torch.isfinite(out).all()
 
 
+def test_augment_shifts_by_at_most_2_pixels_whatever_the_picture_s_size():
+    ## A copy used on 56 x 56 pictures shifts them by +-2 px too, not by +-4 (which is 2/28 of
+    ## the width). A 2x2 dot at the centre stays there under tilt and scale: only the shift
+    ## moves its centre of mass (by up to 2 px times the scale, 1.1 at most).
+    torch.manual_seed(0)
+    x = torch.zeros(400, 1, 56, 56)
+    x[:, :, 27:29, 27:29] = 1
+    out, _ = augmentation.augment(x, torch.zeros(400, dtype=torch.long), styles=False)
+    rows = torch.arange(56.0)
+    mass = out[:, 0].sum((1, 2))
+    dy = (out[:, 0].sum(2) * rows).sum(1) / mass - 27.5
+    dx = (out[:, 0].sum(1) * rows).sum(1) / mass - 27.5
+    assert dx.abs().max() <= 2.5 and dy.abs().max() <= 2.5  # was 4.5
+    assert dx.abs().max() > 1.5 and dy.abs().max() > 1.5  # the whole range is used
+
+
 def stem_picture(n: int) -> torch.Tensor:
     """n normalised 28x28 pictures of a plain 1: a vertical stroke 2 px wide, rows 4 to 23."""
     ink = torch.zeros(n, 1, 28, 28)
