@@ -8,7 +8,8 @@ torch` (with mnist_train.py's pause of the cycle collector), building the same m
 same fused Adam (whose first use imports torch._dynamo, PyTorch's compiler), and 860 steps of
 64 samples per epoch. Its data are random tensors already in memory: no files are read, and
 nothing is evaluated, saved or printed. So mnist_train.py's time minus this one is what its
-own work costs (reading MNIST, validation, checkpoints, the final test and its pictures), and
+own work costs (its other imports, reading MNIST, validation, checkpoints, the final test and
+its pictures), and
 classic_mnist.py's time divided by this one is the largest speed-up any script could show.
 """
 

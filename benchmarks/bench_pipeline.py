@@ -17,13 +17,13 @@ Each pipeline's time is the median of its epochs after the first (which includes
 each ratio is the median of the per-epoch ratios: a median, so that one quiet or one busy
 moment on a noisy machine does not decide the figure.
 
---end-to-end instead runs classic_mnist.py, mnist_train.py and benchmarks/bare_loop.py (5 epochs
-each) as separate processes, round after round (classic, ours, bare loop, classic, ...; --rounds
-sets how many), and reports the median wall time from process start to exit, the peak memory
-and the test accuracy. The bare loop has mnist_train.py's imports, model, optimizer and
-training steps, on random tensors, with no files, evaluation or saving: no script of this shape
-can be faster, so classic_mnist.py's time over bare_loop.py's is the largest speed-up this
-machine allows.
+--end-to-end instead runs classic_mnist.py, mnist_train.py and benchmarks/bare_loop.py (--epochs
+each, 5 by default) as separate processes, round after round (classic, ours, bare loop, classic,
+...; --rounds sets how many), and reports the median wall time from process start to exit, the
+peak memory and the test accuracy. The bare loop has `import torch`, mnist_train.py's model,
+optimizer and training steps, on random tensors, with no files, evaluation or saving: no script
+of this shape can be faster, so classic_mnist.py's time over bare_loop.py's is the largest
+speed-up this machine allows.
 """
 
 import argparse
@@ -129,17 +129,20 @@ def run_script(cmd):
     return seconds, peak, accuracy[-1]
 
 
-def end_to_end(args):
+def end_to_end(args, device: torch.device):
+    ## The scripts run in the repository's root, so a relative --data-dir is made absolute
+    ## here; and all three get the one device chosen here, so that they compare like with like.
+    data_dir, epochs, device = str(Path(args.data_dir).resolve()), str(args.epochs), str(device)
     with tempfile.TemporaryDirectory() as tmp:
         runs = {
             "classic_mnist.py": [sys.executable, "benchmarks/classic_mnist.py",
-                                 "--data-dir", args.data_dir, "--epochs", "5",
-                                 "--model", args.model],
-            "mnist_train.py": [sys.executable, "mnist_train.py", "--data-dir", args.data_dir,
-                               "--epochs", "5", "--model", args.model, "--device", args.device,
+                                 "--data-dir", data_dir, "--epochs", epochs,
+                                 "--model", args.model, "--device", device],
+            "mnist_train.py": [sys.executable, "mnist_train.py", "--data-dir", data_dir,
+                               "--epochs", epochs, "--model", args.model, "--device", device,
                                "--save-path", f"{tmp}/bench.pt"],
-            "bare_loop.py": [sys.executable, "benchmarks/bare_loop.py", "--epochs", "5",
-                             "--model", args.model, "--device", args.device],
+            "bare_loop.py": [sys.executable, "benchmarks/bare_loop.py", "--epochs", epochs,
+                             "--model", args.model, "--device", device],
         }
         results = {name: [] for name in runs}
         for round_ in range(1, args.rounds + 1):  # alternated: a busy spell hits all alike
@@ -164,18 +167,24 @@ def main():
     parser.add_argument("--data-dir", default="./data")
     parser.add_argument("--model", choices=sorted(common.MODELS), default="mlp")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--epochs", type=int, default=5,
-                        help="epochs of each pipeline; the median of the epoch-by-epoch "
-                             "ratios (from epoch 2 on) is compared")
+    parser.add_argument("--epochs", type=common.positive(int), default=5,
+                        help="epochs of each pipeline (or script, with --end-to-end); the median "
+                             "of the epoch-by-epoch ratios (from epoch 2 on) is compared")
     parser.add_argument("--end-to-end", action="store_true")
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=common.positive(int), default=3,
                         help="--end-to-end: how many alternated rounds of runs (classic, "
                              "ours, the bare loop)")
     args = parser.parse_args()
+    try:
+        device = common.get_device(args.device)
+    except ValueError as err:
+        parser.error(str(err))
+    if args.epochs < 2 and not args.end_to_end:
+        parser.error("--epochs must be at least 2: the first epoch (warm-up) is not compared")
     if args.end_to_end:
-        end_to_end(args)
+        end_to_end(args, device)
     else:
-        per_epoch(args, common.get_device(args.device))
+        per_epoch(args, device)
 
 
 if __name__ == "__main__":

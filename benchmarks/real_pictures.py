@@ -1,20 +1,23 @@
 """Score checkpoints on a folder of real pictures of digits, labelled by their file names.
 
-    python benchmarks/real_pictures.py --images ../shared/realdigits \
+    python benchmarks/real_pictures.py --images my_digits \
         --checkpoint checkpoints/mnist_mlp.pt checkpoints/mnist_cnn.pt
     python benchmarks/real_pictures.py --images DIR --speed-only --load   # timing under load
 
-Every picture goes through exactly what predict.py runs (digit_cleanup.load_gray, then
-digit_cleanup.preprocess, then predict.classify). A picture's label is the digit its file name
+Every picture goes through what predict.py runs for a digit model (digit_cleanup.load_gray,
+then digit_cleanup.preprocess, then predict.classify). A picture's label is the digit its file name
 starts with (`7.png`, `7_12.jpg`, `7-mine.png`). When the folder has a SOURCES.md with a
 Markdown table of `| file | label | kind | ...` rows, the accuracy is also given per kind
-(drawing, photo, scan). Pictures are read by their content, whatever their extension says.
+(drawing, photo, scan). Files with a picture's extension (.png, .jpg, ... : PICTURE_SUFFIXES)
+are read by their content, so a JPEG named .png is read right; other files are left out.
 
-It prints, for each checkpoint, the accuracy overall, per kind and per digit, the pictures
-that got a no-digit warning (a real single digit should get none), and the time that reading
-and clean-up took per picture (median, 90th percentile, slowest). --misses writes a picture of
-every misread picture beside the 28x28 image the model saw. --load runs a second process with
-the same clean-up loop during the timing, to show how the clean-up behaves on a busy machine.
+It prints, for each checkpoint, the accuracy overall, per kind and per digit, the pictures that
+got a no-digit warning (a real single digit should get none), and the time that reading and
+clean-up took per picture (median, 90th percentile, slowest). A sheet of the misses, each
+picture beside the 28x28 image the model saw and captioned with the model that misread it, goes
+to --misses (real_misses.png unless told otherwise; '' for none). --load runs a second process
+with the same clean-up loop during the timing, to show how the clean-up behaves on a busy
+machine.
 
 Pictures that are not yours stay out of the repository: write --misses outside it, or to the
 default name, which .gitignore leaves out.
@@ -52,7 +55,9 @@ def labelled_pictures(folder: Path) -> list[tuple[Path, int]]:
 
 def natural_key(name: str) -> list:
     """Sort 1_2.png before 1_10.png."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+    ## [0-9], not \d: \d also matches digits such as "²", which int() refuses.
+    return [(0, int(part)) if part.isdigit() and part.isascii() else (1, part)
+            for part in re.split(r"([0-9]+)", name)]
 
 
 def kinds_from_sources(folder: Path) -> dict[str, str]:
@@ -85,13 +90,26 @@ def speed_report(seconds: list[float]) -> str:
             f"90th percentile {p90:.0f} ms, slowest {ms[-1]:.0f} ms ({len(ms)} pictures)")
 
 
-def score(args) -> None:
-    folder = Path(args.images)
+def pictures_in(folder: Path) -> list[tuple[Path, int]]:
+    """labelled_pictures(folder), or exit with one line when there are none."""
+    if not folder.is_dir():
+        sys.exit(f"error: --images {folder}: not a folder (give the folder of pictures)")
     pictures = labelled_pictures(folder)
     if not pictures:
-        sys.exit(f"no pictures named <digit>_... in {folder}/")
+        sys.exit(f"error: no pictures named <digit>_... ({', '.join(sorted(PICTURE_SUFFIXES))}) "
+                 f"in {folder}/")
+    return pictures
+
+
+def score(args) -> None:
+    folder = Path(args.images)
+    pictures = pictures_in(folder)
     kinds = kinds_from_sources(folder)
-    models = [(Path(c).stem, *common.load_model(c)) for c in args.checkpoint]
+    try:
+        models = [(Path(c).stem, *common.load_model(c)) for c in args.checkpoint]
+    except common.CheckpointError as err:
+        sys.exit(f"error: {common.sentence(str(err))} Train one with mnist_train.py, or pass "
+                 "--checkpoint")
     rows, seconds, warned = [], [], []
     for path, label in pictures:
         digit, warning, took = clean_up(path)
@@ -106,20 +124,21 @@ def score(args) -> None:
             probs = predict.classify(model, digit, checkpoint["mean"], checkpoint["std"],
                                      torch.device("cpu"))
             guesses[name] = int(probs.argmax())
-        rows.append({"path": path, "label": label, "kind": kinds.get(path.name, "-"),
+        rows.append({"path": path, "label": label, "kind": kinds.get(path.name, "other"),
                      "digit": digit, "guesses": guesses})
 
     names = [name for name, _, _ in models]
     print(f"{len(rows)} pictures in {folder}/")
-    print("| model | all | " + " | ".join(sorted({r['kind'] for r in rows})) + " |")
-    print("|---|---|" + "---|" * len({r["kind"] for r in rows}))
+    by_kind = sorted({r["kind"] for r in rows}) if kinds else []  # no SOURCES.md: "all" only
+    print("| model | all | " + "".join(f"{kind} | " for kind in by_kind))
+    print("|---|---|" + "---|" * len(by_kind))
     def share(subset, name):  # (right, pictures)
         return sum(r["guesses"][name] == r["label"] for r in subset), len(subset)
 
     for name in names:
         right, total = share(rows, name)
         cells = [f"{right / total:.1%} ({right}/{total})"]
-        for kind in sorted({r["kind"] for r in rows}):
+        for kind in by_kind:
             k_right, k_total = share([r for r in rows if r["kind"] == kind], name)
             cells.append(f"{k_right}/{k_total}")
         print(f"| {name} | " + " | ".join(cells) + " |")
@@ -132,13 +151,15 @@ def score(args) -> None:
             subset = [r for r in rows if r["label"] == d]
             cells.append(f"{sum(r['guesses'][name] == d for r in subset)}/{len(subset)}")
         print(f"| {name} | " + " | ".join(cells) + " |")
-    print(f"\npictures with a warning: {len(warned)}", *warned, sep="\n  ")
+    print(f"\npictures with a warning: {len(warned)}")
+    for line in warned:  # say(): a file name the terminal cannot show becomes an escape
+        predict.say(f"  {line}", sys.stdout)
     print(speed_report(seconds))
     misses = [(r, name) for r in rows for name in names if r["guesses"][name] != r["label"]]
     if args.errors:
         for r, name in misses:
-            print(f"{name}: {r['path'].name} ({r['kind']}) is {r['label']}, read as "
-                  f"{r['guesses'][name]}")
+            predict.say(f"{name}: {r['path'].name} ({r['kind']}) is {r['label']}, read as "
+                        f"{r['guesses'][name]}", sys.stdout)
     if args.misses and misses:
         draw_misses(misses, Path(args.misses))
         print(f"wrote {args.misses}: {len(misses)} misses, each beside what the model saw")
@@ -150,9 +171,12 @@ def draw_misses(misses: list, out: Path, columns: int = 6) -> None:
     tiles = []
     for r, name in misses:
         tile = Image.new("RGB", (232, 134), (255, 255, 255))
-        with Image.open(r["path"]) as img:
-            tile.paste(ImageOps.pad(img.convert("RGB"), (112, 112), color=(128, 128, 128)),
-                       (2, 2))
+        if r["digit"] is not None:  # None: the picture could not be read (a gray square)
+            with Image.open(r["path"]) as img:
+                tile.paste(ImageOps.pad(img.convert("RGB"), (112, 112), color=(128, 128, 128)),
+                           (2, 2))
+        else:
+            tile.paste((128, 128, 128), (2, 2, 114, 114))
         if r["digit"] is not None:
             pixels = (r["digit"] * 255).round().to(torch.uint8)
             seen = Image.frombytes("L", (28, 28), bytes(pixels.flatten().tolist()))
@@ -186,7 +210,7 @@ while time.time() < end:  # stopped by the parent when its timing is over
 
 def speed_only(args) -> None:
     """Time the clean-up alone, optionally while a second process runs the same loop."""
-    pictures = [p for p, _ in labelled_pictures(Path(args.images))]
+    pictures = [p for p, _ in pictures_in(Path(args.images))]
     load = None
     if args.load:
         load = subprocess.Popen([sys.executable, "-c", LOAD_LOOP, str(REPO),
