@@ -1,0 +1,60 @@
+"""benchmarks/real_pictures.py: a folder of pictures named by their digit, as a user makes one."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import digit_picture
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import real_pictures  # noqa: E402
+
+
+def score(monkeypatch, *argv):
+    monkeypatch.setattr(sys, "argv", ["real_pictures.py", *argv])
+    real_pictures.main()
+
+
+def test_a_folder_with_broken_files_is_scored_and_its_misses_drawn(trained_checkpoint, tmp_path,
+                                                                   monkeypatch, capsys):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for digit in (3, 5, 7):
+        digit_picture(digit).save(folder / f"{digit}_1.png")
+    (folder / "7_empty.png").write_bytes(b"")  # unreadable: a miss, drawn as a gray square
+    (folder / "2_text.jpg").write_text("not a picture")
+    digit_picture(4).save(folder / "4_x1\u00b2.png")  # "²" is a digit to \d, not to int()
+    (folder / "notes.txt").write_text("left out: not a picture's extension")
+    sheet = tmp_path / "misses.png"
+    score(monkeypatch, "--images", str(folder), "--checkpoint", str(trained_checkpoint),
+          "--misses", str(sheet), "--errors")
+    out = capsys.readouterr().out
+    assert out.startswith(f"6 pictures in {folder}/")
+    assert "| model | all | \n" in out  # no SOURCES.md: no columns per kind
+    assert "7_empty.png: unreadable: is empty (0 bytes)" in out
+    assert "2_text.jpg: unreadable: is not an image" in out
+    assert "7_empty.png (other) is 7, read as -1" in out  # an unreadable picture is a miss
+    with Image.open(sheet) as img:  # the sheet was written, unreadable pictures and all
+        assert img.width > 0
+
+
+@pytest.mark.parametrize("given, message", [
+    ("missing", "--images {}: not a folder"),
+    ("3_1.png", "--images {}: not a folder"),
+    ("empty", "error: no pictures named <digit>_... ("),
+])
+def test_a_wrong_folder_is_one_line_not_a_traceback(tmp_path, monkeypatch, given, message):
+    digit_picture(3).save(tmp_path / "3_1.png")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        score(monkeypatch, "--images", str(tmp_path / given), "--speed-only")
+    assert message.format(tmp_path / given) in str(exit_.value.code)
+
+
+def test_a_missing_checkpoint_is_one_line_not_a_traceback(tmp_path, monkeypatch):
+    digit_picture(3).save(tmp_path / "3_1.png")
+    with pytest.raises(SystemExit) as exit_:
+        score(monkeypatch, "--images", str(tmp_path), "--checkpoint", str(tmp_path / "no.pt"))
+    assert str(exit_.value.code).startswith(f"error: checkpoint {tmp_path / 'no.pt'} does not "
+                                            "exist.")
