@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.debug:
                 traceback.print_exc()
             say(f"{path}: error: unexpected {type(err).__name__}: {common.first_line(err)}. "
-                "This is a bug in predict.py: please report it with the picture (--debug "
-                "shows the traceback).", sys.stderr)
+                "This is a bug, not a fault of the picture: please report it with the picture "
+                "(--debug shows the traceback).", sys.stderr)
             results.append({"path": str(path), "error": f"unexpected {type(err).__name__}"})
             failed += 1
             continue
