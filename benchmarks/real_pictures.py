@@ -4,6 +4,9 @@
         --checkpoint checkpoints/mnist_mlp.pt checkpoints/mnist_cnn.pt
     python benchmarks/real_pictures.py --images DIR --speed-only --load   # timing under load
 
+    git worktree add ../old eb7006e   # an older version beside this one, to time both:
+    python benchmarks/real_pictures.py --images DIR --speed-only --compare-with ../old/predict.py
+
 Every picture goes through what predict.py runs for a digit model (digit_cleanup.load_gray,
 then digit_cleanup.preprocess, then predict.classify). A picture's label is the digit its file name
 starts with (`7.png`, `7_12.jpg`, `7-mine.png`). When the folder has a SOURCES.md with a
@@ -17,13 +20,16 @@ clean-up took per picture (median, 90th percentile, slowest). A sheet of the mis
 picture beside the 28x28 image the model saw and captioned with the model that misread it, goes
 to --misses (real_misses.png unless told otherwise; '' for none). --load runs a second process
 with the same clean-up loop during the timing, to show how the clean-up behaves on a busy
-machine.
+machine. --compare-with times another version's clean-up in the same rounds, alternated with
+this one, so that a busy moment of the machine hits both alike: a digit_cleanup.py, or the
+predict.py of a version from before the clean-up had a module of its own.
 
 Pictures that are not yours stay out of the repository: write --misses outside it, or to the
 default name, which .gitignore leaves out.
 """
 
 import argparse
+import importlib.util
 import re
 import statistics
 import subprocess
@@ -208,9 +214,43 @@ while time.time() < end:  # stopped by the parent when its timing is over
 """
 
 
+def load_other(path: Path):
+    """Another version's clean-up module, loaded beside this one with its own common.py."""
+    ours = {name: sys.modules.pop(name) for name in ("common", "digit_cleanup")
+            if name in sys.modules}  # its `import common` must find its own folder's
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        spec = importlib.util.spec_from_file_location("other_cleanup", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+        for name in ("common", "digit_cleanup"):
+            sys.modules.pop(name, None)
+        sys.modules.update(ours)
+    return module
+
+
+def other_time(module, path: Path) -> float:
+    """Seconds that `module`'s reading and clean-up take on one picture (failures included)."""
+    start = time.perf_counter()
+    try:
+        module.preprocess(module.load_gray(path))
+    except Exception:  # noqa: BLE001 (its own "not a picture" errors, whatever their class)
+        pass
+    return time.perf_counter() - start
+
+
 def speed_only(args) -> None:
     """Time the clean-up alone, optionally while a second process runs the same loop."""
     pictures = [p for p, _ in pictures_in(Path(args.images))]
+    other = None
+    if args.compare_with:
+        if not Path(args.compare_with).is_file():
+            sys.exit(f"error: --compare-with {args.compare_with}: no such file")
+        other = load_other(Path(args.compare_with))
+        for p in pictures[:20]:  # warm-up for both, untimed
+            clean_up(p), other_time(other, p)
     load = None
     if args.load:
         load = subprocess.Popen([sys.executable, "-c", LOAD_LOOP, str(REPO),
@@ -221,6 +261,12 @@ def speed_only(args) -> None:
             seconds = [clean_up(p)[2] for p in pictures]
             print(f"round {round_}{' (with a second process)' if load else ''}: "
                   + speed_report(seconds), flush=True)
+            if other is not None:
+                theirs = [other_time(other, p) for p in pictures]
+                print(f"  {args.compare_with}: {speed_report(theirs)}\n  this clean-up is "
+                      f"{statistics.median(theirs) / statistics.median(seconds):.1f}x as fast "
+                      f"at the median, {max(theirs) / max(seconds):.1f}x at the slowest",
+                      flush=True)
     finally:
         if load is not None:
             load.kill()
@@ -239,6 +285,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--load", action="store_true",
                         help="with --speed-only: run the same loop in a second process")
+    parser.add_argument("--compare-with", metavar="FILE",
+                        help="with --speed-only: also time this digit_cleanup.py (or an older "
+                             "predict.py), alternated with this one")
     args = parser.parse_args()
     speed_only(args) if args.speed_only else score(args)
 

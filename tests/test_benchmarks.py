@@ -58,3 +58,22 @@ def test_a_missing_checkpoint_is_one_line_not_a_traceback(tmp_path, monkeypatch)
         score(monkeypatch, "--images", str(tmp_path), "--checkpoint", str(tmp_path / "no.pt"))
     assert str(exit_.value.code).startswith(f"error: checkpoint {tmp_path / 'no.pt'} does not "
                                             "exist.")
+
+
+def test_speed_only_times_another_version_in_the_same_rounds(tmp_path, monkeypatch, capsys):
+    import digit_cleanup
+
+    for digit in (3, 5):
+        digit_picture(digit).save(tmp_path / f"{digit}_1.png")
+    other = Path(__file__).resolve().parent.parent / "digit_cleanup.py"  # itself, as "another"
+    score(monkeypatch, "--images", str(tmp_path), "--speed-only", "--rounds", "2",
+          "--compare-with", str(other))
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines[::3]] == ["round 1", "round 2"]
+    assert lines[1].startswith(f"  {other}: reading and clean-up per picture: median ")
+    assert "x as fast at the median, " in lines[2] and lines[2].endswith("x at the slowest")
+    assert sys.modules["digit_cleanup"] is digit_cleanup  # this version's module is put back
+    with pytest.raises(SystemExit) as exit_:
+        score(monkeypatch, "--images", str(tmp_path), "--speed-only", "--compare-with",
+              str(tmp_path / "nope.py"))
+    assert str(exit_.value.code) == f"error: --compare-with {tmp_path / 'nope.py'}: no such file"
