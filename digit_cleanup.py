@@ -82,16 +82,25 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
     if isinstance(path, str):
         path = Path(path)
     if isinstance(path, Path):
-        if not path.exists():
-            raise ImageProblem("no such file")
-        if path.is_dir():
-            raise ImageProblem("is a directory; pass the image files inside it (e.g. dir/*.png)")
-        if path.is_file() and path.stat().st_size == 0:  # not a pipe: those have no size
-            raise ImageProblem("is empty (0 bytes)")
+        try:
+            if not path.exists():
+                raise ImageProblem("no such file")
+            if path.is_dir():
+                raise ImageProblem("is a directory; pass the image files inside it (e.g. "
+                                   "dir/*.png)")
+            if path.is_file() and path.stat().st_size == 0:  # not a pipe: those have no size
+                raise ImageProblem("is empty (0 bytes)")
+        except OSError as err:  # a name too long, a folder this user may not enter
+            raise ImageProblem(f"cannot be read: {err.strerror or err}") from None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
+            warnings.simplefilter("ignore", UserWarning)  # Pillow's notes on odd headers
             img = Image.open(path)  # reads only the header: a bomb is refused before decoding
+            if img.format == "EPS":  # decoding EPS runs Ghostscript, a PostScript interpreter:
+                img.close()  # a picture, sent to the page above all, must never run a program
+                raise ImageProblem("is PostScript (EPS), which is not read here: save it as "
+                                   "PNG or JPEG")
             ## draft() asks the JPEG decoder for gray, and for a smaller scale if the picture
             ## is huge: far less memory. Other formats ignore it and are reduced below.
             factor = math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))
@@ -104,6 +113,8 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
     except UnidentifiedImageError:
         raise ImageProblem("is not an image Pillow can read (PNG, JPEG, BMP, GIF, TIFF, "
                            "WebP...)") from None
+    except PermissionError as err:  # the file is there, but this user may not read it
+        raise ImageProblem(f"cannot be read: {err.strerror}") from None
     except (OSError, SyntaxError, ValueError) as err:
         raise ImageProblem(f"is truncated or damaged ({err})") from None
     if max(img.size) < SPECK_EXTENT:
@@ -111,8 +122,11 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
     if img.mode == "LAB":  # a Lab TIFF (Photoshop): its L channel is the lightness, a gray
         img = img.getchannel("L")
     if (factor := math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))) > 1:
+        if min(img.size) < factor:  # reduced, it would have no rows (or columns) at all
+            raise ImageProblem(f"is {img.width} x {img.height} pixels: a strip too thin to "
+                               "hold a digit")
         img = reduce_in_strips(img, factor)  # not a JPEG, or more than draft()'s 1/8 could do
-    img = ImageOps.exif_transpose(img)  # phones store "rotate me" in EXIF instead of rotating
+    img = upright(img)
     if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit or float grayscale
         x = torch.frombuffer(bytearray(img.convert("F").tobytes()), dtype=torch.float32)
         x = x.view(img.height, img.width)
@@ -136,6 +150,16 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
     return x.float().div_(255)
 
 
+def upright(img: Image.Image) -> Image.Image:
+    """The picture turned as its EXIF data says: phones store "rotate me" instead of rotating."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "Corrupt EXIF data": handled below
+            return ImageOps.exif_transpose(img)
+    except (OSError, SyntaxError, ValueError, TypeError):  # damaged EXIF: as it is stored
+        return img
+
+
 def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
     """Shrink a decoded picture `factor` times by averaging, a strip at a time, so that memory
     holds the big picture and a small copy, never a second big one."""
@@ -152,7 +176,11 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
         box = (0, top, small.width * factor, min(top + rows, small.height * factor))
         small.paste(img.crop(box).convert(mode).reduce(factor), (0, top // factor))
     ## A new picture has no EXIF: carry over the "rotate me" tag, which load_gray applies next.
-    small.getexif()[ExifTags.Base.Orientation] = img.getexif().get(ExifTags.Base.Orientation, 1)
+    try:
+        orientation = img.getexif().get(ExifTags.Base.Orientation, 1)
+    except (OSError, SyntaxError, ValueError, TypeError):  # damaged EXIF: upright() ignores it
+        orientation = 1
+    small.getexif()[ExifTags.Base.Orientation] = orientation
     return small
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import digit_picture
+from helpers import digit_picture, posix_only
 from PIL import Image, ImageDraw, ImageFont
 
 import digit_cleanup
@@ -159,6 +159,40 @@ def test_each_kind_of_bad_file_gets_its_own_message(tmp_path, make, message):
     make(path)
     with pytest.raises(digit_cleanup.ImageProblem, match=re.escape(message)):
         digit_cleanup.load_gray(path)
+
+
+def eps_file(path):
+    Image.new("L", (50, 50), 255).save(path, format="EPS")
+
+
+@pytest.mark.parametrize("make, message", [
+    ## EPS is decoded by running Ghostscript on it: refused before decoding, never run.
+    (eps_file, "is PostScript (EPS), which is not read here"),
+    ## A 300-character name: over Linux's and macOS's 255 (Windows says other things).
+    pytest.param(lambda p: None, "cannot be read: File name too long", marks=posix_only),
+])
+def test_a_postscript_file_or_an_impossible_name_is_one_message(tmp_path, make, message):
+    path = tmp_path / ("x" * 300 + ".png" if "too long" in message else "drawing.eps")
+    make(path)
+    with pytest.raises(digit_cleanup.ImageProblem, match=re.escape(message)):
+        digit_cleanup.load_gray(path)
+
+
+def test_a_huge_strip_too_thin_to_reduce_is_refused(tmp_path, monkeypatch):
+    ## Reduced 2x as it is read (MAX_PIXELS made tiny), a picture 1 pixel high would have no
+    ## rows left: a message, not a crash.
+    Image.new("L", (20_000, 1), 255).save(tmp_path / "strip.png")
+    monkeypatch.setattr(digit_cleanup, "MAX_PIXELS", 8_000)
+    with pytest.raises(digit_cleanup.ImageProblem, match="a strip too thin to hold a digit"):
+        digit_cleanup.load_gray(tmp_path / "strip.png")
+
+
+def test_damaged_exif_data_is_ignored(tmp_path):
+    ## EXIF only says how to turn the picture; unreadable, the picture is read as stored.
+    digit_picture(3).save(tmp_path / "bad_exif.png", exif=b"garbage!garbage!")
+    digit_picture(3).save(tmp_path / "plain.png")
+    assert torch.equal(digit_cleanup.load_gray(tmp_path / "bad_exif.png"),
+                       digit_cleanup.load_gray(tmp_path / "plain.png"))
 
 
 def test_a_truncated_image_is_reported(tmp_path):
