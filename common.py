@@ -322,13 +322,19 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     import warnings
 
     path = Path(path)
-    if not path.is_file():
-        what = "is a directory" if path.is_dir() else "does not exist"
-        raise CheckpointError(f"checkpoint {path} {what}")
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): it was not saved completely")
-    with open(path, "rb") as f:
-        start = f.read(12)
+    try:
+        if not path.is_file():
+            what = ("is a directory" if path.is_dir() else "is not a regular file (a device, a "
+                    "pipe)" if path.exists() else "does not exist")
+            raise CheckpointError(f"checkpoint {path} {what}")
+        if path.stat().st_size == 0:
+            raise CheckpointError(f"checkpoint {path} is empty (0 bytes): it was not saved "
+                                  "completely")
+        with open(path, "rb") as f:
+            start = f.read(12)
+    except OSError as err:  # a name too long, a file or folder this user may not read
+        raise CheckpointError(f"checkpoint {path} cannot be read: {err.strerror or err}"
+                              ) from None
     for signature, kind in PICTURE_SIGNATURES.items():
         if start.startswith(signature) and (kind != "WebP" or start[8:12] == b"WEBP"):
             raise CheckpointError(f"{path} is a {kind} picture, not a checkpoint")

@@ -29,6 +29,7 @@ import gc
 import glob
 import io
 import json
+import os
 import signal
 import sys
 import traceback
@@ -105,8 +106,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.json:  # which model answers: the default path holds the latest run's model
         say(f"{args.checkpoint}: {describe(checkpoint)}", sys.stdout)
-    results, failed, saved_as = [], 0, set()
-    for path in pictures(args.images):
+    results, failed, paths = [], 0, pictures(args.images)
+    ## --save-input DIR/<name>.png never replaces a picture being classified (one in DIR).
+    saved_as = {p.stem.casefold() for p in paths if args.save_input is not None
+                and p.suffix.lower() == ".png" and same_folder(p.parent, args.save_input)}
+    for path in paths:
         try:
             if path.suffix.lower() in (".pt", ".pth") and path.is_file():
                 raise ImageProblem(f"is a checkpoint, not a picture: did you mean --checkpoint "
@@ -207,7 +211,11 @@ def describe(checkpoint: dict) -> str:
 def checkpoint_problem(err: common.CheckpointError, args: argparse.Namespace, given: bool) -> str:
     """The one-line error for a checkpoint that cannot be used, with the next step."""
     text = common.sentence(str(err))
-    if not args.checkpoint.exists():
+    try:
+        missing = not args.checkpoint.exists()
+    except OSError:  # a name too long to look up: the error says so
+        missing = False
+    if missing:
         if given:  # train one that is saved there
             text += (f" Train one first: python mnist_train.py --save-path {args.checkpoint} "
                      "(with --model cnn for a CNN)")
@@ -224,12 +232,24 @@ def pictures(paths: list[Path]) -> list[Path]:
     ## as it is. A path that does not exist but has a wildcard in it is expanded here.
     found = []
     for path in paths:
-        if not path.exists() and any(c in str(path) for c in "*?["):
+        try:
+            exists = path.exists()
+        except OSError:  # a name too long for the file system: load_gray() says so
+            exists = True
+        if not exists and any(c in str(path) for c in "*?["):
             matches = sorted(Path(p) for p in glob.glob(str(path)))
             found.extend(matches or [path])  # nothing matched: "no such file" says so
         else:
             found.append(path)
     return found
+
+
+def same_folder(a: Path, b: Path) -> bool:
+    """Whether two paths name one folder (False when either is not there)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def unique_stem(path: Path, used: set[str]) -> str:

@@ -313,3 +313,29 @@ def test_a_cnn_is_described_by_name_and_a_missing_given_checkpoint_says_how_to_m
     assert capsys.readouterr().err.endswith(
         f"Train one first: python mnist_train.py --save-path {tmp_path / 'mine.pt'} (with "
         "--model cnn for a CNN)\n")
+
+
+def test_save_input_into_the_pictures_own_folder_never_replaces_them(trained_checkpoint,
+                                                                     tmp_path):
+    digit_picture(3).save(tmp_path / "three.png")
+    digit_picture(7).save(tmp_path / "Seven.jpg")
+    digit_picture(8).save(tmp_path / "seven.png")  # Seven.jpg's input would be seven.png
+    before = {name: (tmp_path / name).read_bytes() for name in ("three.png", "Seven.jpg",
+                                                                "seven.png")}
+    assert predict.main(["--checkpoint", str(trained_checkpoint), "--save-input", str(tmp_path),
+                         *(str(tmp_path / name) for name in before)]) == 0
+    assert all((tmp_path / name).read_bytes() == data for name, data in before.items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "Seven-2.png", "Seven.jpg", "seven-3.png", "seven.png", "three-2.png", "three.png"]
+
+
+@pytest.mark.parametrize("checkpoint, message", [
+    ("/dev/null", "checkpoint /dev/null is not a regular file (a device, a pipe)."),
+    ("x" * 300 + ".pt", "cannot be read: File name too long."),  # over 255 characters
+])
+def test_a_checkpoint_path_that_is_no_file_says_what_it_is(tmp_path, capsys, checkpoint, message):
+    if sys.platform == "win32":
+        pytest.skip("POSIX paths")
+    digit_picture(1).save(tmp_path / "one.png")
+    assert predict.main(["--checkpoint", checkpoint, str(tmp_path / "one.png")]) == 1
+    assert capsys.readouterr().err.strip().endswith(message)
