@@ -13,16 +13,18 @@ The server is a door into your machine, so it opens little: it listens on 127.0.
 told otherwise, serves the page and nothing else from disk, answers only requests addressed to
 it by name (no DNS rebinding), refuses bodies over MAX_BODY before reading them, holds at
 most 4 uploads at once and classifies one picture at a time, so that memory stays bounded (a
-client that stalls is dropped after a minute).
+client that has not sent its request within a minute is dropped).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from http import HTTPStatus
@@ -55,7 +57,7 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "draw-a-digit"
-        timeout = 60  # seconds a client may stall mid-request before its connection is closed
+        timeout = 60  # seconds a client may take to send a request (and any one read of it)
 
         def do_GET(self) -> None:  # http.server calls do_<METHOD>
             if self.allowed("GET"):
@@ -66,6 +68,15 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
 
         def do_POST(self) -> None:
             if not self.allowed("POST"):
+                return
+            if self.headers.get("Transfer-Encoding") is not None:  # chunked: a length unknown
+                self.close_connection = True
+                self.reply_json(HTTPStatus.LENGTH_REQUIRED,
+                                {"error": "send the picture with a Content-Length, not chunked"})
+                return
+            if len(self.headers.get_all("Content-Length", [])) > 1:  # which one is meant?
+                self.close_connection = True
+                self.reply_json(HTTPStatus.BAD_REQUEST, {"error": "more than one Content-Length"})
                 return
             length = self.headers.get("Content-Length")
             if length is None:
@@ -84,13 +95,26 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
             size = int(digits) if len(digits) <= 15 else None
             if size is None or size > MAX_BODY:  # refused unread; the connection is then closed
                 self.close_connection = True
-                said = f"{size / 2**20:.1f} MB" if size is not None else "far too large"
+                said = (f"{math.ceil(size / 2**20 * 10) / 10} MB" if size is not None  # 20.1
+                        else "far too large")
                 self.reply_json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                 {"error": f"the picture is {said}; the limit is "
                                           f"{MAX_BODY // 2**20} MB"})
                 return
-            with uploads:
-                body = self.rfile.read(size)
+            ## A slot for the body: all 4 held (by slow uploads, say) for a whole minute is busy.
+            if not uploads.acquire(timeout=self.timeout):
+                self.close_connection = True
+                self.reply_json(HTTPStatus.SERVICE_UNAVAILABLE,
+                                {"error": "the server is busy with other uploads: try again"})
+                return
+            try:
+                body = self.read_body(size)
+                if body is None:  # not sent within the minute: a stalled client
+                    self.close_connection = True
+                    self.reply_json(HTTPStatus.REQUEST_TIMEOUT,
+                                    {"error": f"the picture did not arrive within "
+                                              f"{self.timeout} s"})
+                    return
                 if not body:
                     self.reply_json(HTTPStatus.BAD_REQUEST,
                                     {"error": "the picture is empty (0 bytes)"})
@@ -110,7 +134,28 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
                                     {"error": f"unexpected {type(err).__name__}: a bug in the "
                                               "server; its terminal says more"})
                     return
+            finally:
+                uploads.release()
             self.reply_json(HTTPStatus.OK, result)
+
+        def read_body(self, size: int) -> bytes | None:
+            """The body's bytes (fewer if the client closed early), or None if they do not all
+            arrive within `timeout` seconds: a client that sends a byte now and then would
+            otherwise hold its upload slot for ever, as each read gets something in time."""
+            deadline, chunks, left = time.monotonic() + self.timeout, [], size
+            while left > 0:
+                if (remaining := deadline - time.monotonic()) <= 0:
+                    return None
+                self.connection.settimeout(remaining)
+                try:
+                    chunk = self.rfile.read1(min(left, 1 << 16))  # what has arrived, up to 64 KB
+                except TimeoutError:
+                    return None
+                if not chunk:  # the client closed the connection: a short body
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            return b"".join(chunks)
 
         def refuse(self) -> None:  # the usual other methods get 405, or 404 for an unknown path
             self.allowed(self.command)
@@ -167,6 +212,9 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
             pass  # one line per stroke would drown the terminal; errors are printed above
 
     class Server(ThreadingHTTPServer):
+        ## Connections waiting to be accepted: with the default 5, a burst of 100 requests at
+        ## once had some connections reset.
+        request_queue_size = 64
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET  # ::1 is IPv6
         daemon_threads = True  # Ctrl-C does not wait for open connections
 

@@ -147,6 +147,7 @@ def hang_up_mid_request(port: int, body: bytes) -> None:
 
 ## A length of 5,000 digits is more than int() converts (4,300): refused all the same.
 @pytest.mark.parametrize("length, said", [(str(21 * 2**20), "21.0 MB"),
+                                          (str(20 * 2**20 + 1), "20.1 MB"),  # not "20.0"
                                           ("9" * 5000, "far too large")])
 def test_a_body_over_the_limit_gets_413_without_being_read(page_server, length, said):
     ## Only the headers are sent: the server must answer without waiting for 21 MB.
@@ -308,3 +309,55 @@ def test_a_server_on_every_ipv6_address_shows_ipv6s_loopback(capsys):
         serving.result(timeout=60)
     assert status == 200
     assert capsys.readouterr().out.startswith(f"Open http://[::1]:{port}/ in a browser")
+
+
+def raw_reply(port: int, head: str, body_parts=(), pause=0.0) -> str:
+    """Send a request's head, then its body in parts `pause` seconds apart; the whole reply."""
+    import time
+
+    connection = socket.create_connection(("127.0.0.1", port), timeout=30)
+    connection.sendall(head.encode())
+    try:
+        for part in body_parts:
+            time.sleep(pause)
+            connection.sendall(part)
+    except OSError:  # the server has answered and closed: the rest is not wanted
+        pass
+    reply = b""
+    while chunk := connection.recv(4096):
+        reply += chunk
+    connection.close()
+    return reply.decode()
+
+
+def test_a_client_that_trickles_its_body_is_dropped_at_the_deadline():
+    ## One byte every 0.4 s: each read gets something in time, but the whole body does not
+    ## come within the handler's timeout (2 s here, a minute in use), so its slot is freed.
+    import threading
+    import time
+
+    server = digit_server.make_server("127.0.0.1", 0, lambda body: {"ok": True}, {})
+    server.RequestHandlerClass.timeout = 2
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        start = time.monotonic()
+        reply = raw_reply(server.server_port, "POST /predict HTTP/1.1\r\nHost: 127.0.0.1:"
+                          f"{server.server_port}\r\nContent-Length: 100\r\n\r\n",
+                          [b"x"] * 20, pause=0.4)
+        assert reply.split()[1] == "408" and "did not arrive within 2 s" in reply
+        assert time.monotonic() - start < 6
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("headers, status, error", [
+    ("Transfer-Encoding: chunked", "411", "send the picture with a Content-Length, not chunked"),
+    ("Content-Length: 3\r\nContent-Length: 5", "400", "more than one Content-Length"),
+])
+def test_a_body_of_unclear_length_is_refused(page_server, headers, status, error):
+    reply = raw_reply(page_server, f"POST /predict HTTP/1.1\r\nHost: 127.0.0.1:{page_server}"
+                      f"\r\n{headers}\r\n\r\n")
+    assert reply.split()[1] == status and json.loads(reply.partition("\r\n\r\n")[2]) == {
+        "error": error}
+    assert request(page_server, "POST", "/predict", drawn(3))[0] == 200
