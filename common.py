@@ -85,8 +85,8 @@ def get_device(name: str = "auto") -> torch.device:
     except RuntimeError as err:
         raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:1, mps or "
                          "xpu") from err
-    if device.type == "cpu":
-        return device
+    if device.type == "cpu":  # one CPU device: "cpu:0" is the same, and torch.load refuses it
+        return torch.device("cpu")
     found = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     if found is None or found.type != device.type:
         hint = ""

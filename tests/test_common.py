@@ -74,6 +74,7 @@ def test_set_seeds_generator_makes_python_random_in_workers_repeat():
 # device -----------------------------------------------------------------------------------------
 def test_get_device_cpu_and_auto():
     assert common.get_device("cpu") == torch.device("cpu")
+    assert common.get_device("cpu:1") == torch.device("cpu")  # torch.load refuses "cpu:1"
     if not torch.accelerator.is_available():
         assert common.get_device() == torch.device("cpu")
 
