@@ -155,6 +155,7 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
                     break
                 chunks.append(chunk)
                 left -= len(chunk)
+            self.connection.settimeout(self.timeout)  # the next request gets its full minute
             return b"".join(chunks)
 
         def refuse(self) -> None:  # the usual other methods get 405, or 404 for an unknown path
