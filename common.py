@@ -863,6 +863,8 @@ def output_closed(note: str | None = None) -> None:
 
 def flush_output(code: int) -> int:
     """A script's last step: write what stdout still buffers; `code`, or 1 if it was closed."""
+    if sys.stdout is None:  # started with no stdout at all (`>&-`): print() wrote nothing
+        return code
     try:
         sys.stdout.flush()  # here a closed pipe can still be caught; at exit it is a traceback
     except OSError as err:  # the work was done, but its output was cut short

@@ -791,3 +791,10 @@ def test_only_rank_0_is_the_main_process_even_before_torch_distributed_starts(mo
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", rank)
     assert common.is_main_process() is main
+
+
+def test_flush_output_with_no_stdout_at_all_returns_the_code(monkeypatch):
+    ## `python predict.py digit.png >&-` starts Python with sys.stdout = None: print() writes
+    ## nothing, and the last flush must not fail on None.
+    monkeypatch.setattr(sys, "stdout", None)
+    assert common.flush_output(3) == 3
