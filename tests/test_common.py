@@ -1,6 +1,7 @@
 import math
 import os
 import pickle
+import sys
 from pathlib import Path
 
 import pytest
