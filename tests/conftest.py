@@ -8,6 +8,8 @@ torchvision reads, so mnist_train.py runs its real loading code on it.
 import os
 import random
 import shutil
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,13 @@ TINY_TRAIN, TINY_TEST = 800, 200
 ## Child processes that the tests start get the same setting through OMP_NUM_THREADS.
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+## Started in the background by a shell without job control (`nohup python -m pytest &`),
+## pytest inherits Ctrl-C (SIGINT) ignored, and so would every script the tests start: their
+## Ctrl-C tests would fail or wait. With a handler of its own here (Python's usual one), the
+## scripts it starts begin with SIGINT's default again, as at a terminal.
+if sys.platform != "win32" and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def render_digit(digit: int, rng: random.Random, size: int = 28) -> Image.Image:
