@@ -150,13 +150,17 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
     return x.float().div_(255)
 
 
+## What Pillow raises for EXIF data it cannot parse (a bad header, a truncated tag table).
+DAMAGED_EXIF = (OSError, SyntaxError, ValueError, TypeError)
+
+
 def upright(img: Image.Image) -> Image.Image:
     """The picture turned as its EXIF data says: phones store "rotate me" instead of rotating."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "Corrupt EXIF data": handled below
             return ImageOps.exif_transpose(img)
-    except (OSError, SyntaxError, ValueError, TypeError):  # damaged EXIF: as it is stored
+    except DAMAGED_EXIF:  # the picture as it is stored
         return img
 
 
@@ -178,7 +182,7 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
     ## A new picture has no EXIF: carry over the "rotate me" tag, which load_gray applies next.
     try:
         orientation = img.getexif().get(ExifTags.Base.Orientation, 1)
-    except (OSError, SyntaxError, ValueError, TypeError):  # damaged EXIF: upright() ignores it
+    except DAMAGED_EXIF:  # upright() ignores it too
         orientation = 1
     small.getexif()[ExifTags.Base.Orientation] = orientation
     return small

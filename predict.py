@@ -232,11 +232,9 @@ def pictures(paths: list[Path]) -> list[Path]:
     ## as it is. A path that does not exist but has a wildcard in it is expanded here.
     found = []
     for path in paths:
-        try:
-            exists = path.exists()
-        except OSError:  # a name too long for the file system: load_gray() says so
-            exists = True
-        if not exists and any(c in str(path) for c in "*?["):
+        ## os.path.exists, not Path.exists: a name too long to look up is False, not an
+        ## OSError, and load_gray() then says what is wrong with it.
+        if not os.path.exists(path) and any(c in str(path) for c in "*?["):
             matches = sorted(Path(p) for p in glob.glob(str(path)))
             found.extend(matches or [path])  # nothing matched: "no such file" says so
         else:

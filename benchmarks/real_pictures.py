@@ -177,13 +177,12 @@ def draw_misses(misses: list, out: Path, columns: int = 6) -> None:
     tiles = []
     for r, name in misses:
         tile = Image.new("RGB", (232, 134), (255, 255, 255))
-        if r["digit"] is not None:  # None: the picture could not be read (a gray square)
+        if r["digit"] is None:  # the picture could not be read: a gray square in its place
+            tile.paste((128, 128, 128), (2, 2, 114, 114))
+        else:
             with Image.open(r["path"]) as img:
                 tile.paste(ImageOps.pad(img.convert("RGB"), (112, 112), color=(128, 128, 128)),
                            (2, 2))
-        else:
-            tile.paste((128, 128, 128), (2, 2, 114, 114))
-        if r["digit"] is not None:
             pixels = (r["digit"] * 255).round().to(torch.uint8)
             seen = Image.frombytes("L", (28, 28), bytes(pixels.flatten().tolist()))
             tile.paste(seen.resize((112, 112), Image.NEAREST).convert("RGB"), (118, 2))
@@ -250,7 +249,8 @@ def speed_only(args) -> None:
             sys.exit(f"error: --compare-with {args.compare_with}: no such file")
         other = load_other(Path(args.compare_with))
         for p in pictures[:20]:  # warm-up for both, untimed
-            clean_up(p), other_time(other, p)
+            clean_up(p)
+            other_time(other, p)
     load = None
     if args.load:
         load = subprocess.Popen([sys.executable, "-c", LOAD_LOOP, str(REPO),
@@ -289,6 +289,8 @@ def main() -> None:
                         help="with --speed-only: also time this digit_cleanup.py (or an older "
                              "predict.py), alternated with this one")
     args = parser.parse_args()
+    if (args.load or args.compare_with) and not args.speed_only:
+        parser.error("--load and --compare-with time the clean-up: add --speed-only")
     speed_only(args) if args.speed_only else score(args)
 
 

@@ -35,8 +35,9 @@ def test_a_folder_with_broken_files_is_scored_and_its_misses_drawn(trained_check
     assert "7_empty.png: unreadable: is empty (0 bytes)" in out
     assert "2_text.jpg: unreadable: is not an image" in out
     assert "7_empty.png (other) is 7, read as -1" in out  # an unreadable picture is a miss
-    with Image.open(sheet) as img:  # the sheet was written, unreadable pictures and all
-        assert img.width > 0
+    assert f"wrote {sheet}: " in out
+    with Image.open(sheet) as img:  # 6 columns of tiles 236 px wide: every miss was drawn
+        assert img.width == 6 * 236 + 4
 
 
 @pytest.mark.parametrize("given, message", [
