@@ -406,6 +406,17 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
             f"{path} does not fit the {name!r} model that this code defines "
             f"({first_detail(err)}). It was trained with a different "
             "architecture: retrain it, or restore the model code it was trained with") from err
+    ## A checkpoint made by hand, or by other code, can hold values that would only fail later,
+    ## one picture at a time: a std of 0 divides by zero, a short list of class names.
+    mean, std, classes = checkpoint["mean"], checkpoint["std"], checkpoint.get("classes")
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (mean, std)) or std <= 0:
+        raise CheckpointError(f"{path} records a normalisation that cannot be used (mean {mean!r}, "
+                              f"std {std!r}): both must be numbers, and the std above 0")
+    outputs = checkpoint.get("sizes", {}).get("num_classes", 10)
+    if classes is not None and (not isinstance(classes, (list, tuple)) or len(classes) != outputs
+                                or not all(isinstance(c, str) for c in classes)):
+        raise CheckpointError(f"{path} records {classes!r} as its classes: it needs a list of "
+                              f"{outputs} names, one for each of the model's outputs")
     return model.to(device).eval(), checkpoint
 
 

@@ -204,8 +204,9 @@ def describe(checkpoint: dict) -> str:
     else:
         name = checkpoint["model_name"]
     data = f" on {checkpoint['dataset']}" if checkpoint.get("dataset", "mnist") != "mnist" else ""
-    return (f"{name}{data}, epoch {checkpoint.get('epoch', '?')}, val acc "
-            f"{checkpoint.get('val_accuracy', float('nan')):.4f}")
+    accuracy = checkpoint.get("val_accuracy")  # a number, unless the checkpoint was made by hand
+    accuracy = f"{accuracy:.4f}" if isinstance(accuracy, (int, float)) else "?"
+    return f"{name}{data}, epoch {checkpoint.get('epoch', '?')}, val acc {accuracy}"
 
 
 def checkpoint_problem(err: common.CheckpointError, args: argparse.Namespace, given: bool) -> str:

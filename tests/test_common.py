@@ -569,6 +569,24 @@ def test_checkpoints_for_other_models_are_refused(tmp_path):
         common.load_model(tmp_path / "missing.pt")
 
 
+@pytest.mark.parametrize("values, message", [
+    ({"std": 0.0}, r"a normalisation that cannot be used \(mean 0.1307, std 0.0\)"),
+    ({"mean": float("nan")}, r"\(mean nan, std 0.3081\): both must be numbers"),
+    ({"std": "0.3"}, r"std '0.3'\): both must be numbers, and the std above 0"),
+    ({"classes": ["a", "b"]}, r"\['a', 'b'\] as its classes: it needs a list of 10 names"),
+    ({"classes": list(range(10))}, r"it needs a list of 10 names, one for each of the model's"),
+])
+def test_a_hand_made_checkpoint_with_unusable_values_is_refused_when_loaded(tmp_path, values,
+                                                                          message):
+    ## Such values would otherwise fail later, one picture at a time (a std of 0: nan%).
+    save(tmp_path / "good.pt", common.build_model("mlp"))
+    checkpoint = torch.load(tmp_path / "good.pt", weights_only=True)
+    torch.save({**checkpoint, **values}, tmp_path / "hand_made.pt")
+    with pytest.raises(common.CheckpointError, match=message):
+        common.load_model(tmp_path / "hand_made.pt")
+    common.load_model(tmp_path / "good.pt")  # the same checkpoint, unchanged, loads
+
+
 # MNIST files ------------------------------------------------------------------------------------
 def test_load_mnist_reads_idx_files_through_torchvision(tiny_mnist):
     images, labels = common.load_mnist(tiny_mnist, train=True)

@@ -308,6 +308,9 @@ def test_a_cnn_is_described_by_name_and_a_missing_given_checkpoint_says_how_to_m
         tmp_path, capsys):
     assert predict.describe({"model_name": "cnn", "epoch": 4, "val_accuracy": 0.99}) == \
         "cnn, epoch 4, val acc 0.9900"
+    ## A checkpoint made by hand may give no number: the line says "?" instead of failing.
+    assert predict.describe({"model_name": "cnn", "val_accuracy": "high"}) == \
+        "cnn, epoch ?, val acc ?"
     digit_picture(1).save(tmp_path / "one.png")
     assert predict.main(["--checkpoint", str(tmp_path / "mine.pt"), str(tmp_path / "one.png")]) == 1
     assert capsys.readouterr().err.endswith(
