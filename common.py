@@ -859,9 +859,20 @@ def is_closed_output(err: OSError) -> bool:
         and getattr(err, "winerror", None) is None and err.filename is None)
 
 
+def output_failure(err: OSError) -> str | None:
+    """Why writing to stdout failed, when `err` says it did; None for any other OSError."""
+    if is_closed_output(err):
+        return "the program reading the output closed it"
+    ## `> log.txt` on a full disk. The repo's own files are written by write_atomically, whose
+    ## errors are OutputErrors that name the file; a bare ENOSPC with no file name is stdout's.
+    if err.filename is None and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", None)):
+        return f"the output could not be written ({err.strerror})"
+    return None
+
+
 def output_closed(note: str | None = None) -> None:
-    """Stdout was closed by its reader (`predict.py *.png | head -1`): say `note` on stderr,
-    and point stdout at the null device. The caller then exits with code 1."""
+    """Stdout cannot take more (`predict.py *.png | head -1`, or a full disk): say `note` on
+    stderr, and point stdout at the null device. The caller then exits with code 1."""
     ## Python raises BrokenPipeError at the next print (or OSError EINVAL on Windows: see
     ## is_closed_output). Python's own recipe (the signal module's "Note on SIGPIPE"): point
     ## stdout at the null device, so that the flush at exit does not fail a second time.
@@ -879,9 +890,9 @@ def flush_output(code: int) -> int:
     try:
         sys.stdout.flush()  # here a closed pipe can still be caught; at exit it is a traceback
     except OSError as err:  # the work was done, but its output was cut short
-        if not is_closed_output(err):
+        if (why := output_failure(err)) is None:
             raise
-        output_closed()
+        output_closed(None if is_closed_output(err) else f"error: {why}.")  # `| head`: quiet
         return 1
     return code
 

@@ -875,13 +875,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\ninterrupted: stopped. {outputs.on_disk(go_on, args.epochs)}",
                   file=sys.stderr)
         return 130
-    except OSError as err:  # `| head` had read enough: training stops with it, as at Ctrl-C
-        if not common.is_closed_output(err):
+    except OSError as err:  # `| head` had read enough, or `> log.txt` filled the disk:
+        if (why := common.output_failure(err)) is None:  # training stops, as at Ctrl-C
             raise
         if common.is_main_process():
             go_on = run_files.resume_command(args, parser)
-            common.output_closed("stopped: the program reading the output closed it. "
-                                 + outputs.on_disk(go_on, args.epochs))
+            common.output_closed(f"stopped: {why}. {outputs.on_disk(go_on, args.epochs)}")
         return 1
     except FloatingPointError as err:  # the loss became NaN or inf
         kept = ("The best checkpoint saved so far is unchanged." if outputs.saved else

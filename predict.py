@@ -355,9 +355,9 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # Ctrl-C: one line, and the exit code a shell expects
         print("\ninterrupted: stopped.", file=sys.stderr)
         sys.exit(130)
-    except OSError as err:  # `| head -1` had read enough: stop, quietly, as Unix tools do
-        if not common.is_closed_output(err):
+    except OSError as err:  # `| head -1` had read enough (stop quietly, as Unix tools do), or
+        if (why := common.output_failure(err)) is None:  # `> out.txt` filled the disk
             raise
-        common.output_closed()
+        common.output_closed(None if common.is_closed_output(err) else f"error: {why}.")
         sys.exit(1)
     sys.exit(code)

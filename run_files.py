@@ -113,14 +113,15 @@ class RunOutputs:
             self.earlier = moves.get(self.checkpoint)
             extras = [old.name.removeprefix(self.checkpoint.stem) for old in moves
                       if old != first_old]  # .csv, _mistakes.png, _resume.pt
-            ## A closed output (`| head`) must not keep the CSV and the training state from
-            ## being written with the checkpoint: the run's next print stops it instead.
+            ## A closed output (`| head`), or a full disk under `> log.txt`, must not keep the CSV
+            ## and the training state from being written with the checkpoint: the run's next
+            ## print stops it instead.
             try:
                 print(f"an earlier run's files are kept: {first_old} -> {first_new}{details}"
                       + (f", with its {', '.join(extras[:-1])}{' and ' if len(extras) > 1 else ''}"
                          f"{extras[-1]}" if extras else ""))
             except OSError as err:
-                if not common.is_closed_output(err):
+                if common.output_failure(err) is None:
                     raise
 
     def _new_names(self) -> dict[Path, Path]:

@@ -210,9 +210,9 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # Ctrl-C: one line, and the exit code a shell expects
         print("\ninterrupted: stopped.", file=sys.stderr)
         sys.exit(130)
-    except OSError as err:  # `| head` had read enough: training stops with it
-        if not common.is_closed_output(err):
+    except OSError as err:  # `| head` had read enough, or a full disk: training stops with it
+        if (why := common.output_failure(err)) is None:
             raise
-        common.output_closed("stopped: the program reading the output closed it.")
+        common.output_closed(f"stopped: {why}.")
         sys.exit(1)
     sys.exit(common.flush_output(0))  # flushed here: `| head` gets no traceback at exit

@@ -2,6 +2,7 @@
 
 import ast
 import errno
+import io
 import os
 import subprocess
 import sys
@@ -146,6 +147,33 @@ def test_output_into_a_reader_that_stops_reading_ends_without_a_traceback(
     os.close(write_end)
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+@pytest.mark.parametrize("script, args, note", CLOSED_OUTPUT_RUNS)
+def test_output_onto_a_full_disk_ends_with_one_line_not_a_traceback(
+        trained_checkpoint, tiny_mnist, tmp_path, script, args, note):
+    ## `python mnist_train.py > log.txt` on a full disk: /dev/full fails every write that way.
+    names = closed_output_names(trained_checkpoint, tiny_mnist, tmp_path)
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, script, *[names.get(a, a) for a in args]],
+                                cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+    why = "the output could not be written (No space left on device)"
+    said = (note.replace("the program reading the output closed it", why) if note else
+            f"error: {why}.\n")  # predict.py is quiet about a closed pipe, not about this
+    assert (result.returncode, result.stderr) == (1, said)
+
+
+def test_a_full_disk_at_the_last_flush_is_one_line_and_code_1(monkeypatch, capsys):
+    import common
+    class FullDisk(io.StringIO):
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(sys, "stdout", FullDisk())
+    assert common.flush_output(0) == 1
+    assert capsys.readouterr().err == ("error: the output could not be written (No space left "
+                                       "on device).\n")
+
+
 ## On Windows, a write into a pipe whose reader is gone can fail with OSError EINVAL rather than
 ## BrokenPipeError (CPython issue #79935). Emulated here, in one process: torch and Pillow load
 ## first, as on any machine; then the platform is set to win32, and each run's stdout fails as
@@ -213,3 +241,8 @@ def test_only_a_closed_output_is_taken_for_one(monkeypatch):
     windows_error.winerror = 1455  # Python's EINVAL for a Windows error it has no errno for
     assert not common.is_closed_output(windows_error)
     assert not common.is_closed_output(OSError(errno.ENOSPC, "No space left on device"))
+    ## A full disk is not a closed pipe, but it is stdout's failure when no file is named.
+    assert common.output_failure(OSError(errno.ENOSPC, "No space left on device")) == (
+        "the output could not be written (No space left on device)")
+    assert common.output_failure(OSError(errno.ENOSPC, "No space left", "ck.pt")) is None
+    assert common.output_failure(OSError(errno.EACCES, "Permission denied")) is None
