@@ -81,8 +81,6 @@ def main(argv: list[str] | None = None) -> int:
         device = common.get_device(args.device)
     except ValueError as err:
         parser.error(str(err))
-    if args.save_input is not None and (problem := common.check_output_dir(args.save_input)):
-        parser.error(f"--save-input {args.save_input}: {problem}")
     ## The model, rebuilt and in eval mode, and the checkpoint: the dict that
     ## common.save_checkpoint wrote, with the architecture ("model_name", "sizes"), the weights
     ## ("state_dict"), the normalisation used in training ("mean", "std"), the best "epoch"
@@ -92,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     except common.CheckpointError as err:
         print(f"error: {checkpoint_problem(err, args, given)}", file=sys.stderr)
         return 1
+    ## Checked (and created) only now: a run that stops at the checkpoint leaves no new folder.
+    if args.save_input is not None and (problem := common.check_output_dir(args.save_input)):
+        parser.error(f"--save-input {args.save_input}: {problem}")
     if checkpoint.get("dataset", "mnist") != "mnist":
         print(f"note: {args.checkpoint} was trained on {checkpoint['dataset']}, not on "
               "handwritten digits, so each picture is only scaled to 28x28 gray (and inverted "

@@ -312,7 +312,9 @@ def test_a_cnn_is_described_by_name_and_a_missing_given_checkpoint_says_how_to_m
     assert predict.describe({"model_name": "cnn", "val_accuracy": "high"}) == \
         "cnn, epoch ?, val acc ?"
     digit_picture(1).save(tmp_path / "one.png")
-    assert predict.main(["--checkpoint", str(tmp_path / "mine.pt"), str(tmp_path / "one.png")]) == 1
+    assert predict.main(["--checkpoint", str(tmp_path / "mine.pt"), str(tmp_path / "one.png"),
+                         "--save-input", str(tmp_path / "seen")]) == 1
+    assert not (tmp_path / "seen").exists()  # nothing classified: no folder made for it
     assert capsys.readouterr().err.endswith(
         f"Train one first: python mnist_train.py --save-path {tmp_path / 'mine.pt'} (with "
         "--model cnn for a CNN)\n")
