@@ -66,6 +66,10 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
                 else:  # /model
                     self.reply_json(HTTPStatus.OK, about)
 
+        ## HEAD: GET's status and headers without the body (reply() leaves it out), as
+        ## `curl -I` and link checkers expect of any page.
+        do_HEAD = do_GET
+
         def do_POST(self) -> None:
             if not self.allowed("POST"):
                 return
@@ -161,7 +165,7 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
         def refuse(self) -> None:  # the usual other methods get 405, or 404 for an unknown path
             self.allowed(self.command)
 
-        do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = refuse
+        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = refuse
 
         def send_error(self, code: int, message: str | None = None,
                        explain: str | None = None) -> None:

@@ -175,6 +175,19 @@ def test_nothing_but_the_page_is_served_and_wrong_methods_are_refused(page_serve
     assert code == status and "error" in answer
 
 
+def test_head_gets_the_headers_of_get_without_the_body(page_server):
+    def answer(method, path):  # (status, Content-Length, bytes of body received)
+        connection = http.client.HTTPConnection("127.0.0.1", page_server, timeout=120)
+        connection.request(method, path)
+        response = connection.getresponse()
+        got = response.status, response.getheader("Content-Length"), len(response.read())
+        connection.close()
+        return got
+    page = answer("GET", "/")
+    assert answer("HEAD", "/") == (200, page[1], 0) and page[2] > 1000
+    assert answer("HEAD", "/predict")[::2] == (405, 0)  # /predict takes POST only
+
+
 @pytest.mark.parametrize("host", ["evil.example:{port}", "localhost.evil.example:{port}",
                                   "127.0.0.1:1", "192.168.1.5:{port}"])
 def test_a_request_addressed_to_another_name_is_refused(page_server, host):
