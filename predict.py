@@ -26,10 +26,8 @@ One picture that cannot be read never stops the others.
 
 import argparse
 import gc
-import glob
 import io
 import json
-import os
 import signal
 import sys
 import traceback
@@ -102,15 +100,20 @@ def main(argv: list[str] | None = None) -> int:
     ## Leaving them out of Python's later garbage collections (see mnist_train.py) saves time
     ## at each collection and at exit.
     gc.freeze()
-    if args.serve:
-        return serve_page(args, model, checkpoint, device)
+    if args.serve:  # the page: each picture it sends goes through read_and_classify, as below
+        import digit_server
+        about = {"checkpoint": str(args.checkpoint), "model": checkpoint["model_name"],
+                 "epoch": checkpoint.get("epoch"), "val_accuracy": checkpoint.get("val_accuracy"),
+                 "classes": class_names(checkpoint)}
+        return digit_server.run(args.host, args.port, page_answer(model, checkpoint, device),
+                                about, args.debug)
 
     if not args.json:  # which model answers: the default path holds the latest run's model
-        say(f"{args.checkpoint}: {describe(checkpoint)}", sys.stdout)
-    results, failed, paths = [], 0, pictures(args.images)
+        common.say(f"{args.checkpoint}: {describe(checkpoint)}", sys.stdout)
+    results, failed, paths = [], 0, common.expand_patterns(args.images)
     ## --save-input DIR/<name>.png never replaces a picture being classified (one in DIR).
     saved_as = {p.stem.casefold() for p in paths if args.save_input is not None
-                and p.suffix.lower() == ".png" and same_folder(p.parent, args.save_input)}
+                and p.suffix.lower() == ".png" and common.same_folder(p.parent, args.save_input)}
     for path in paths:
         try:
             if path.suffix.lower() in (".pt", ".pth") and path.is_file():
@@ -118,36 +121,37 @@ def main(argv: list[str] | None = None) -> int:
                                    f"{path}?")
             result, digit, probs = read_and_classify(path, model, checkpoint, device)
         except ImageProblem as err:  # a file that is not a readable picture
-            say(f"{path}: error: {err}", sys.stderr)
+            common.say(f"{path}: error: {err}", sys.stderr)
             results.append({"path": str(path), "error": str(err)})  # --json lists it too
             failed += 1
             continue
         except Exception as err:  # a bug here: say so, and go on with the other pictures
             if args.debug:
                 traceback.print_exc()
-            say(f"{path}: error: unexpected {type(err).__name__}: {common.first_line(err)}. "
-                "This is a bug, not a fault of the picture: please report it with the picture "
-                "(--debug shows the traceback).", sys.stderr)
+            common.say(f"{path}: error: unexpected {type(err).__name__}: "
+                       f"{common.first_line(err)}. This is a bug, not a fault of the picture: "
+                       "please report it with the picture (--debug shows the traceback).",
+                       sys.stderr)
             results.append({"path": str(path), "error": f"unexpected {type(err).__name__}"})
             failed += 1
             continue
         if result["warning"]:
             meaning = ("means nothing" if result["warning"].startswith("no digit")
                        else "reads it all as one digit")
-            say(f"{path}: warning: {result['warning']}; the guess {meaning}", sys.stderr)
+            common.say(f"{path}: warning: {result['warning']}; the guess {meaning}", sys.stderr)
         results.append({"path": str(path), **result, "checkpoint": str(args.checkpoint),
                         "model": checkpoint["model_name"]})
         if not args.json:
             top = probs.topk(args.top_k)
             guesses = ", ".join(f"{class_names(checkpoint)[int(i)]} ({p:.1%})"
                                 for p, i in zip(top.values, top.indices))
-            say(f"{path}: {guesses}", sys.stdout)
+            common.say(f"{path}: {guesses}", sys.stdout)
         if args.save_input is not None:
             try:
-                save_input(args.save_input / f"{unique_stem(path, saved_as)}.png", digit)
+                save_input(args.save_input / f"{common.unique_stem(path, saved_as)}.png", digit)
             except common.OutputError as err:  # classified, but what it saw cannot be saved
                 problem = f"--save-input could not save what the model saw: {err}"
-                say(f"{path}: error: {problem}", sys.stderr)
+                common.say(f"{path}: error: {problem}", sys.stderr)
                 results[-1]["save_input_error"] = problem  # --json tells it too
                 failed += 1
     if args.json:
@@ -228,65 +232,7 @@ def checkpoint_problem(err: common.CheckpointError, args: argparse.Namespace, gi
     return text
 
 
-def pictures(paths: list[Path]) -> list[Path]:
-    """The paths, with patterns such as photos/*.jpg expanded where no shell did it."""
-    ## bash and zsh expand *.jpg before Python starts; Windows' cmd and PowerShell pass it on
-    ## as it is. A path that does not exist but has a wildcard in it is expanded here.
-    found = []
-    for path in paths:
-        ## os.path.exists, not Path.exists: a name too long to look up is False, not an
-        ## OSError, and load_gray() then says what is wrong with it.
-        if not os.path.exists(path) and any(c in str(path) for c in "*?["):
-            matches = sorted(Path(p) for p in glob.glob(str(path)))
-            found.extend(matches or [path])  # nothing matched: "no such file" says so
-        else:
-            found.append(path)
-    return found
-
-
-def same_folder(a: Path, b: Path) -> bool:
-    """Whether two paths name one folder (False when either is not there)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def unique_stem(path: Path, used: set[str]) -> str:
-    """path's stem, or stem-2, stem-3, ... so that two pictures never share one name."""
-    ## Compared without case: on Windows and macOS, Seven.png and seven.png are one file.
-    stem, n = path.stem, 1
-    while (name := stem if n == 1 else f"{stem}-{n}").casefold() in used:
-        n += 1
-    used.add(name.casefold())
-    return name
-
-
-def say(line: str, stream) -> None:
-    """Print a line; a character the terminal cannot show becomes an escape, not a crash."""
-    ## On Windows, output to a file or pipe is encoded in the system's ANSI code page (cp1252,
-    ## say), where a file name in another script would raise UnicodeEncodeError and end the
-    ## whole batch.
-    try:
-        print(line, file=stream)
-    except UnicodeEncodeError:
-        encoding = stream.encoding or "ascii"
-        print(line.encode(encoding, "backslashreplace").decode(encoding), file=stream)
-
-
 # the page: python predict.py --serve -----------------------------------------------------------
-def serve_page(args: argparse.Namespace, model: torch.nn.Module, checkpoint: dict,
-               device: torch.device) -> int:
-    """Serve the draw-a-digit page until Ctrl-C; each picture goes through read_and_classify."""
-    import digit_server
-
-    about = {"checkpoint": str(args.checkpoint), "model": checkpoint["model_name"],
-             "epoch": checkpoint.get("epoch"), "val_accuracy": checkpoint.get("val_accuracy"),
-             "classes": class_names(checkpoint)}
-    return digit_server.run(args.host, args.port, page_answer(model, checkpoint, device), about,
-                            args.debug)
-
-
 def page_answer(model: torch.nn.Module, checkpoint: dict, device: torch.device):
     """The page's answer to the bytes of a picture file: read_and_classify()'s result, and
     the 28 x 28 input the model saw."""
@@ -308,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", choices=sorted(common.MODELS), default=None,
                         help="use checkpoints/mnist_<model>.pt, where mnist_train.py --model "
                              "<model> saves it")
-    parser.add_argument("--top-k", type=top_k, default=1,
+    parser.add_argument("--top-k", type=common.number_from(1, 10), default=1,
                         help="also show the next K-1 guesses (--json lists every class's "
                              "probability)")
     parser.add_argument("--json", action="store_true", help="print a JSON list instead")
@@ -320,24 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1",
                         help="with --serve: 127.0.0.1 is this machine only; 0.0.0.0 shares the "
                              "page with your network")
-    parser.add_argument("--port", type=port_number, default=8000, help="with --serve")
+    parser.add_argument("--port", type=common.number_from(0, 65535), default=8000,
+                        help="with --serve (0: any free port)")
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback when a picture fails unexpectedly")
     return parser
-
-
-def port_number(text: str) -> int:
-    """argparse type: a TCP port, 0 to 65535 (0: any free port)."""
-    if not text.isdigit() or not 0 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
-    return int(text)
-
-
-def top_k(text: str) -> int:
-    """argparse type: an int from 1 to 10."""
-    if not text.isdigit() or not 1 <= int(text) <= 10:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 10, got {text!r}")
-    return int(text)
 
 
 def save_input(path: Path, digit: torch.Tensor) -> None:

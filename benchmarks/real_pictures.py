@@ -159,12 +159,12 @@ def score(args) -> None:
         print(f"| {name} | " + " | ".join(cells) + " |")
     print(f"\npictures with a warning: {len(warned)}")
     for line in warned:  # say(): a file name the terminal cannot show becomes an escape
-        predict.say(f"  {line}", sys.stdout)
+        common.say(f"  {line}", sys.stdout)
     print(speed_report(seconds))
     misses = [(r, name) for r in rows for name in names if r["guesses"][name] != r["label"]]
     if args.errors:
         for r, name in misses:
-            predict.say(f"{name}: {r['path'].name} ({r['kind']}) is {r['label']}, read as "
+            common.say(f"{name}: {r['path'].name} ({r['kind']}) is {r['label']}, read as "
                         f"{r['guesses'][name]}", sys.stdout)
     if args.misses and misses:
         draw_misses(misses, Path(args.misses))

@@ -163,6 +163,18 @@ def test_a_bad_save_input_folder_is_refused_before_any_picture(trained_checkpoin
         in err and out == ""
 
 
+@pytest.mark.parametrize("flag, value, allowed", [("--top-k", "11", "1 to 10"),
+                                                   ("--top-k", "0", "1 to 10"),
+                                                   ("--port", "65536", "0 to 65535"),
+                                                   ("--port", "-1", "0 to 65535")])
+def test_numbers_out_of_range_are_usage_errors(flag, value, allowed, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        predict.main([flag, value, "a.png"])
+    assert exit_.value.code == 2
+    assert f"{flag}: expected a whole number from {allowed}, got '{value}'" in \
+        capsys.readouterr().err
+
+
 def test_ctrl_c_ends_a_batch_with_one_line_and_exit_code_130(trained_checkpoint, tmp_path):
     import subprocess
 
