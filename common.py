@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import difflib
 import errno
-import glob
 import io
 import math
 import os
@@ -779,25 +778,6 @@ def replace_retrying(source: Path, target: Path, tries: int = 5) -> None:
             time.sleep(0.1 * attempt)
 
 
-def same_folder(a: str | Path, b: str | Path) -> bool:
-    """Whether two paths name one folder (False when either is not there)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def unique_stem(path: Path, used: set[str]) -> str:
-    """path's stem, or stem-2, stem-3, ... so that no two files written get one name: pass
-    the same `used` set for each, holding the (casefolded) names already taken."""
-    ## Compared without case: on Windows and macOS, Seven.png and seven.png are one file.
-    stem, n = path.stem, 1
-    while (name := stem if n == 1 else f"{stem}-{n}").casefold() in used:
-        n += 1
-    used.add(name.casefold())
-    return name
-
-
 # ---------------------------------------------------------------------------------------------
 # command lines
 
@@ -853,22 +833,6 @@ def positive(kind):
     return parse
 
 
-def seed_number(text: str) -> int:
-    """argparse type: a seed from 0 to 2**32 - 1 (torch takes up to 2**64 - 1, but each epoch
-    and each torchrun process adds its number to the seed)."""
-    if not text.isdigit() or int(text) >= 2**32:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {2**32 - 1}, "
-                                         f"got {text!r}")
-    return int(text)
-
-
-def whole_number(text: str) -> int:
-    """argparse type: 0, 1, 2, ..."""
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected 0 or a positive whole number, got {text!r}")
-    return int(text)
-
-
 def number_from(low: int, high: int):
     """argparse type: a whole number from `low` to `high`."""
     def parse(text: str) -> int:
@@ -879,20 +843,17 @@ def number_from(low: int, high: int):
     return parse
 
 
-def expand_patterns(paths: list[Path]) -> list[Path]:
-    """The paths, with patterns such as photos/*.jpg expanded where no shell did it."""
-    ## bash and zsh expand *.jpg before Python starts; Windows' cmd and PowerShell pass it on
-    ## as it is. A path that does not exist but has a wildcard in it is expanded here.
-    found = []
-    for path in paths:
-        ## os.path.exists, not Path.exists: a name too long to look up is False, not an
-        ## OSError, and the code that opens it then says what is wrong with it.
-        if not os.path.exists(path) and any(c in str(path) for c in "*?["):
-            matches = sorted(Path(p) for p in glob.glob(str(path)))
-            found.extend(matches or [path])  # nothing matched: "no such file" says so
-        else:
-            found.append(path)
-    return found
+def seed_number(text: str) -> int:
+    """argparse type: a seed from 0 to 2**32 - 1 (torch takes up to 2**64 - 1, but each epoch
+    and each torchrun process adds its number to the seed)."""
+    return number_from(0, 2**32 - 1)(text)
+
+
+def whole_number(text: str) -> int:
+    """argparse type: 0, 1, 2, ..."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected 0 or a positive whole number, got {text!r}")
+    return int(text)
 
 
 def say(line: str, stream) -> None:

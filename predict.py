@@ -19,22 +19,25 @@ seconds in all, most of it `import torch`; each picture takes milliseconds):
 A model only knows the kind of images it was trained on: MNIST digits are white on black,
 about 20x20 pixels inside a 28x28 frame, centred by their centre of mass. A phone photo of a
 digit is none of that, so each picture first goes through digit_cleanup.py, which turns any
-picture into such an image (or warns that it holds no digit). classify() then normalises the
-image exactly as training did (the mean and std come from the checkpoint) and runs the model.
-One picture that cannot be read never stops the others.
+picture into such an image (or warns when it holds no digit, or several). classify() then
+normalises the image exactly as training did (the mean and std come from the checkpoint) and
+runs the model. Those two steps, read_and_classify() and classify(), are the lesson to copy;
+main() around them is the command line. One picture that cannot be read never stops the others.
 """
 
 import argparse
 import gc
+import glob
 import io
 import json
+import os
 import signal
 import sys
 import traceback
 from pathlib import Path
 
-## Speed only: the cycle collector is paused while torch loads, and torch's objects are then
-## frozen out of its sight (see mnist_train.py).
+## Speed only (skip these gc lines on a first read): the cycle collector is paused while torch
+## loads, and torch's objects are then frozen out of its sight (see mnist_train.py).
 if __name__ == "__main__":
     gc.disable()
 
@@ -72,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                      "the page shows every class's probability and the 28x28 input itself")
     if args.checkpoint is not None and args.model is not None:
         parser.error("give --model (for its default checkpoint) or --checkpoint, not both")
-    given = args.checkpoint is not None
-    if not given:  # mnist_train.py's default save path for that model
+    given = args.checkpoint is not None  # if not, the error for a missing one says where it is
+    if not given:  # where `mnist_train.py --model M` saves (for MNIST; others need --checkpoint)
         args.checkpoint = Path("checkpoints") / f"mnist_{args.model or 'mlp'}.pt"
     try:
         device = common.get_device(args.device)
@@ -96,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
               "handwritten digits, so each picture is only scaled to 28x28 gray (and inverted "
               "when its background is light), without the digit clean-up", file=sys.stderr)
 
-    ## Speed only: the objects of `import torch` and the model live as long as this process.
-    ## Leaving them out of Python's later garbage collections (see mnist_train.py) saves time
-    ## at each collection and at exit.
+    ## Speed only: the model and checkpoint live as long as this process, like the objects of
+    ## `import torch` frozen above. Leaving them out of Python's later garbage collections
+    ## (see mnist_train.py) saves time at each collection and at exit.
     gc.freeze()
     if args.serve:  # the page: each picture it sends goes through read_and_classify, as below
         import digit_server
@@ -108,12 +111,13 @@ def main(argv: list[str] | None = None) -> int:
         return digit_server.run(args.host, args.port, page_answer(model, checkpoint, device),
                                 about, args.debug)
 
-    if not args.json:  # which model answers: the default path holds the latest run's model
+    if not args.json:  # which model answers: each training run replaces the default one
         common.say(f"{args.checkpoint}: {describe(checkpoint)}", sys.stdout)
-    results, failed, paths = [], 0, common.expand_patterns(args.images)
-    ## --save-input DIR/<name>.png never replaces a picture being classified (one in DIR).
-    saved_as = {p.stem.casefold() for p in paths if args.save_input is not None
-                and p.suffix.lower() == ".png" and common.same_folder(p.parent, args.save_input)}
+    results, failed, paths = [], 0, expand_patterns(args.images)  # *.jpg, where no shell did
+    ## Names --save-input must not use: DIR/<name>.png never replaces a picture being
+    ## classified that is itself in DIR (unique_stem then picks <name>-2.png).
+    taken = {p.stem.casefold() for p in paths if args.save_input is not None
+             and p.suffix.lower() == ".png" and same_folder(p.parent, args.save_input)}
     for path in paths:
         try:
             if path.suffix.lower() in (".pt", ".pth") and path.is_file():
@@ -135,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"path": str(path), "error": f"unexpected {type(err).__name__}"})
             failed += 1
             continue
-        if result["warning"]:
+        if result["warning"]:  # "no digit found ...": the guess is about an empty image
             meaning = ("means nothing" if result["warning"].startswith("no digit")
                        else "reads it all as one digit")
             common.say(f"{path}: warning: {result['warning']}; the guess {meaning}", sys.stderr)
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             common.say(f"{path}: {guesses}", sys.stdout)
         if args.save_input is not None:
             try:
-                save_input(args.save_input / f"{common.unique_stem(path, saved_as)}.png", digit)
+                save_input(args.save_input / f"{unique_stem(path, taken)}.png", digit)
             except common.OutputError as err:  # classified, but what it saw cannot be saved
                 problem = f"--save-input could not save what the model saw: {err}"
                 common.say(f"{path}: error: {problem}", sys.stderr)
@@ -186,13 +190,14 @@ def classify(model: torch.nn.Module, digit: torch.Tensor, mean: float, std: floa
     ## the batch and channel dimensions the model expects, and run it without autograd.
     inputs = ((digit - mean) / std)[None, None].to(device)  # [28, 28] -> [1, 1, 28, 28]
     ## Eval mode: Dropout (the CNN has it) switched off, so the same picture always gets the
-    ## same answer. load_model() already set it; this line is for a copy of this function in
-    ## code whose model comes from elsewhere, perhaps still in training mode (it stays in eval
-    ## mode: call model.train() before training it further).
+    ## same answer. load_model() already set it; this line keeps a copy of this function right
+    ## with a model straight from training (call model.train() before training it further).
     model.eval()
     with torch.inference_mode():
-        logits = model(inputs)
-    return torch.softmax(logits, dim=1)[0].float().cpu()  # scores -> probabilities summing to 1
+        logits = model(inputs)  # [1, 10]: one score per class, for the batch of one
+    ## softmax turns scores into probabilities summing to 1; [0] takes the only picture's row,
+    ## and .float() gives float32 numbers even from a model run in half precision (.half()).
+    return torch.softmax(logits, dim=1)[0].float().cpu()
 
 
 # what a result says, and about which model -------------------------------------------------
@@ -204,8 +209,9 @@ def class_names(checkpoint: dict) -> list[str]:
 def describe(checkpoint: dict) -> str:
     """'mlp 784-128-64-10, epoch 4, val acc 0.9718' (and the dataset when not MNIST)."""
     sizes = checkpoint.get("sizes") or {}
-    if checkpoint["model_name"] == "mlp":  # its layer sizes, e.g. 784-128-64-10
-        name = "mlp " + "-".join(map(str, [784, *sizes.get("hidden", (128, 64)), 10]))
+    if checkpoint["model_name"] == "mlp":  # its layer sizes (common.MLP's defaults if none)
+        layers = [784, *sizes.get("hidden", (128, 64)), sizes.get("num_classes", 10)]
+        name = "mlp " + "-".join(map(str, layers))
     else:
         name = checkpoint["model_name"]
     data = f" on {checkpoint['dataset']}" if checkpoint.get("dataset", "mnist") != "mnist" else ""
@@ -245,8 +251,10 @@ def page_answer(model: torch.nn.Module, checkpoint: dict, device: torch.device):
 
 # the command line, and saving what the model saw ---------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=common.HelpFormatter)
+    ## common.ArgumentParser: a mistyped flag gets "did you mean"; allow_abbrev=False: and is
+    ## never taken silently for a longer one (--top for --top-k).
+    parser = common.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
+                                   formatter_class=common.HelpFormatter)
     parser.add_argument("images", nargs="*", type=Path, help="image files (PNG, JPEG, ...)")
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="a checkpoint written by mnist_train.py (default: "
@@ -281,6 +289,41 @@ def save_input(path: Path, digit: torch.Tensor) -> None:
     common.write_atomically(path, buffer.getvalue())
 
 
+def expand_patterns(paths: list[Path]) -> list[Path]:
+    """The paths, with patterns such as photos/*.jpg expanded where no shell did it."""
+    ## bash and zsh expand *.jpg before Python starts; Windows' cmd and PowerShell pass it on
+    ## as it is. A path that does not exist but has a wildcard in it is expanded here.
+    found = []
+    for path in paths:
+        ## os.path.exists, not Path.exists: a name too long to look up is False, not an
+        ## OSError, and the code that opens it then says what is wrong with it.
+        if not os.path.exists(path) and any(c in str(path) for c in "*?["):
+            matches = sorted(Path(p) for p in glob.glob(str(path)))
+            found.extend(matches or [path])  # nothing matched: "no such file" says so
+        else:
+            found.append(path)
+    return found
+
+
+def same_folder(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one folder (False when either is not there)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def unique_stem(path: Path, used: set[str]) -> str:
+    """path's stem, or stem-2, stem-3, ... so that no two files written get one name: pass
+    the same `used` set for each, holding the (casefolded) names already taken."""
+    ## Compared without case: on Windows and macOS, Seven.png and seven.png are one file.
+    stem, n = path.stem, 1
+    while (name := stem if n == 1 else f"{stem}-{n}").casefold() in used:
+        n += 1
+    used.add(name.casefold())
+    return name
+
+
 if __name__ == "__main__":
     if hasattr(signal, "SIGBREAK"):  # Windows: Ctrl-Break (and CTRL_BREAK_EVENT) as Ctrl-C
         signal.signal(signal.SIGBREAK, signal.default_int_handler)
@@ -289,9 +332,10 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # Ctrl-C: one line, and the exit code a shell expects
         print("\ninterrupted: stopped.", file=sys.stderr)
         sys.exit(130)
-    except OSError as err:  # `| head -1` had read enough (stop quietly, as Unix tools do), or
-        if (why := common.output_failure(err)) is None:  # `> out.txt` filled the disk
+    except OSError as err:  # stdout failed: `| head -1` had read enough, or a full disk
+        if (why := common.output_failure(err)) is None:
             raise
+        ## A closed pipe stops quietly, as Unix tools do; a full disk says so.
         common.output_closed(None if common.is_closed_output(err) else f"error: {why}.")
         sys.exit(1)
     sys.exit(code)

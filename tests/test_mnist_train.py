@@ -1334,7 +1334,7 @@ def test_ctrl_c_in_a_resumed_run_names_its_best_model_and_how_to_go_on(tiny_mnis
 
 @pytest.mark.parametrize(("build_parser", "a_default"), [
     (mnist_train.build_parser, "be large) (default: 1000)"),
-    (predict.build_parser, "--port PORT with --serve (default: 8000)")])
+    (predict.build_parser, "--port PORT with --serve (0: any free port) (default: 8000)")])
 def test_help_shows_each_real_default_and_no_empty_one(build_parser, a_default):
     ## "(default: None)" would contradict help texts such as --hidden's "(default 128 64)".
     text = " ".join(build_parser().format_help().split())  # argparse wraps lines anywhere

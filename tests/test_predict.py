@@ -175,6 +175,15 @@ def test_numbers_out_of_range_are_usage_errors(flag, value, allowed, capsys):
         capsys.readouterr().err
 
 
+@pytest.mark.parametrize("typed", ["--top", "--topk"])
+def test_a_shortened_or_mistyped_flag_is_refused_with_the_one_meant(typed, capsys):
+    ## argparse would otherwise take --top for --top-k without a word.
+    with pytest.raises(SystemExit) as exit_:
+        predict.main([typed, "3", "a.png"])
+    assert exit_.value.code == 2
+    assert f"unrecognized arguments: {typed} (did you mean --top-k?)" in capsys.readouterr().err
+
+
 def test_ctrl_c_ends_a_batch_with_one_line_and_exit_code_130(trained_checkpoint, tmp_path):
     import subprocess
 
