@@ -325,6 +325,20 @@ def test_a_name_the_output_encoding_cannot_show_does_not_stop_the_batch(trained_
         str(tmp_path / "plain.png"))
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="Windows allows no control characters "
+                    "in file names")
+def test_a_name_with_a_newline_or_an_escape_code_prints_as_one_line_of_escapes(
+        trained_checkpoint, tmp_path, capsys):
+    ## A name could otherwise print as two lines, one looking like another picture's answer,
+    ## or send the terminal an escape code.
+    name = "seven\n3.png: 3 (99.0%)\x1b[2J.png"
+    digit_picture(7).save(tmp_path / name)
+    assert predict.main(["--checkpoint", str(trained_checkpoint), str(tmp_path / name)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and out[1].startswith(
+        f"{tmp_path}/seven\\n3.png: 3 (99.0%)\\x1b[2J.png: ")
+
+
 def test_a_cnn_is_described_by_name_and_a_missing_given_checkpoint_says_how_to_make_it(
         tmp_path, capsys):
     assert predict.describe({"model_name": "cnn", "epoch": 4, "val_accuracy": 0.99}) == \
