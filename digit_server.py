@@ -302,7 +302,8 @@ def serve(server: ThreadingHTTPServer, host: str) -> None:
     if host not in ("127.0.0.1", "localhost", "::1"):
         reach = (f"http://{socket.gethostname()}:{port}/ or this machine's IP address"
                  if host in ("0.0.0.0", "::", "") else "the address above")
-        print(f"note: listening on {host}: other machines on your network can use this page "
+        where = "every address of this machine" if host in ("0.0.0.0", "::", "") else host
+        print(f"note: listening on {where}: other machines on your network can use this page "
               f"too, at {reach}.", flush=True)
     try:
         server.serve_forever()

@@ -321,7 +321,9 @@ def test_a_server_on_every_ipv6_address_shows_ipv6s_loopback(capsys):
         server.shutdown()
         serving.result(timeout=60)
     assert status == 200
-    assert capsys.readouterr().out.startswith(f"Open http://[::1]:{port}/ in a browser")
+    out = capsys.readouterr().out
+    assert out.startswith(f"Open http://[::1]:{port}/ in a browser")
+    assert "note: listening on every address of this machine: other machines" in out
 
 
 def raw_reply(port: int, head: str, body_parts=(), pause=0.0) -> str:
