@@ -861,6 +861,8 @@ def say(line: str, stream) -> None:
     ## A control character in a file name (a newline, a terminal's escape code) is shown as \n
     ## or \x1b, as `ls` does: else one name could print as two lines, or recolour the screen.
     line = "".join(c if c >= " " and c != "\x7f" or c == "\t" else repr(c)[1:-1] for c in line)
+    if stream is sys.stderr and sys.stdout is not None:  # `> log.txt 2>&1`: the lines in the
+        sys.stdout.flush()  # order they were said, not stdout's buffered ones after the errors
     ## On Windows, output to a file or pipe is encoded in the system's ANSI code page (cp1252,
     ## say), where a file name in another script would raise UnicodeEncodeError and end the
     ## whole batch.

@@ -325,6 +325,27 @@ def test_a_name_the_output_encoding_cannot_show_does_not_stop_the_batch(trained_
         str(tmp_path / "plain.png"))
 
 
+def test_answers_and_errors_in_one_file_come_in_the_order_of_the_pictures(trained_checkpoint,
+                                                                         tmp_path):
+    ## `python predict.py *.png > log.txt 2>&1`: stdout to a file is buffered and stderr is
+    ## not, so an error could land above the answers printed before it.
+    import os
+    import subprocess
+
+    digit_picture(3).save(tmp_path / "a.png")
+    (tmp_path / "b.png").write_text("not a picture")
+    digit_picture(5).save(tmp_path / "c.png")
+    with open(tmp_path / "log.txt", "w") as log:
+        subprocess.run([sys.executable, "predict.py", "--checkpoint", str(trained_checkpoint),
+                        *(str(tmp_path / n) for n in ("a.png", "b.png", "c.png"))],
+                       cwd=Path(predict.__file__).parent, stdout=log, stderr=subprocess.STDOUT,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"})
+    lines = (tmp_path / "log.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        str(tmp_path / n) for n in ("a.png", "b.png", "c.png")]
+    assert ": error: " in lines[2]
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="Windows allows no control characters "
                     "in file names")
 def test_a_name_with_a_newline_or_an_escape_code_prints_as_one_line_of_escapes(
