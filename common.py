@@ -37,7 +37,9 @@ import errno
 import io
 import math
 import os
+import pickle
 import random
+import re
 import secrets
 import stat
 import sys
@@ -184,7 +186,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
                     scaler: torch.amp.GradScaler | None = None, clip_grad: float | None = None,
                     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
                     log: Callable[[str], None] | None = print) -> float:
-    """Train for one pass over `loader` (a DataLoader, say); return the mean loss per sample."""
+    """Train one pass over `loader`; return the mean loss per sample (criterion: a batch mean)."""
     device = torch.device(device)
     model.train()  # Dropout and BatchNorm behave as in training; evaluate() switches them back
     total, seen, logged = torch.zeros((), device=device), 0, (0.0, 0)  # sums: now, at last log
@@ -245,6 +247,10 @@ def evaluate(model: nn.Module, loader: Iterable, criterion: nn.Module,
         for inputs, targets in loader:
             inputs, targets = inputs.to(device), targets.to(device)
             outputs = model(inputs)
+            if outputs.dim() != 2 or targets.shape != outputs.shape[:1]:  # else argmax misleads
+                raise ValueError(f"evaluate() needs outputs of shape [batch, classes] and targets "
+                                 f"of class numbers [batch]; got {list(outputs.shape)} and "
+                                 f"{list(targets.shape)}")
             total_loss += criterion(outputs, targets).float() * len(targets)
             correct += (outputs.argmax(dim=1) == targets).sum()  # the largest logit is the guess
             seen += len(targets)
@@ -287,6 +293,14 @@ def save_checkpoint(path: str | Path, model: nn.Module, *, model_name: str, mean
                   **extra}
     buffer = io.BytesIO()
     torch.save(checkpoint, buffer)  # in memory first: a full disk is then an OSError we can name
+    try:  # an object load_checkpoint would refuse (a Path, argparse's Namespace): say so now
+        torch.load(io.BytesIO(buffer.getbuffer()), weights_only=True)
+    except pickle.UnpicklingError as err:
+        kind = re.search(r"GLOBAL (\S+)", str(err))
+        raise TypeError(f"save_checkpoint keeps numbers, strings, lists, dicts and tensors only, "
+                        f"which load_checkpoint reads safely; this one holds "
+                        f"{kind[1] if kind else 'another object'}: convert it (str(path), "
+                        f"vars(args))") from None
     write_atomically(path, buffer.getvalue())  # the old file stays whole if this fails
 
 
@@ -318,7 +332,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     """Read a checkpoint written by save_checkpoint, refusing anything that could run code.
     In short: torch.load(path, weights_only=True); the rest turns each way a file can be wrong
     into a one-line message."""
-    import pickle
     import warnings
 
     path = Path(path)
@@ -753,7 +766,7 @@ def write_atomically(path: str | Path, data: bytes) -> None:
         replace_retrying(tmp, real)
     except PermissionError as err:
         held = (" On Windows this means another program holds the file open (a spreadsheet, "
-                "predict.py, a virus scanner): close it and run again."
+                "an image viewer, a virus scanner): close it and run again."
                 if sys.platform == "win32" else "")
         raise OutputError(f"could not write {path}: {err.strerror or err}.{held} The previous "
                           "version of that file, if there was one, is unchanged.") from err

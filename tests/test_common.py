@@ -373,6 +373,18 @@ def test_evaluate_is_exact_on_a_hand_built_case_and_leaves_no_gradients():
     assert model.bias.grad is None and not model.training
 
 
+@pytest.mark.parametrize("outputs, targets", [
+    (torch.zeros(4, 1), torch.zeros(4, 1)),  # one logit per sample (BCEWithLogitsLoss)
+    (torch.zeros(4, 3, 5), torch.zeros(4, 5, dtype=torch.long)),  # a class per time step
+])
+def test_evaluate_refuses_shapes_whose_accuracy_would_mean_nothing(outputs, targets):
+    ## Broadcasting would compare every sample with every target: "accuracy" 4.0, no error.
+    loader = [(outputs, targets)]
+    with pytest.raises(ValueError, match=r"needs outputs of shape \[batch, classes\] and "
+                       r"targets of class numbers \[batch\]; got \[4, "):
+        common.evaluate(nn.Identity(), loader, lambda o, t: o.sum() * 0, "cpu")
+
+
 def test_evaluate_switches_dropout_off():
     model = nn.Sequential(nn.Dropout(0.9), nn.Linear(10, 3))
     x, y = separable_data(n=64)
@@ -434,6 +446,18 @@ def test_checkpoint_round_trip_gives_identical_outputs(tmp_path):
     assert checkpoint["epoch"] == 3 and checkpoint["mean"] == 0.1307
     assert checkpoint["model_name"] == "cnn" and checkpoint["val_accuracy"] == 0.97
     assert os.listdir(tmp_path / "ck") == ["best.pt"]  # no temporary file left behind
+
+
+def test_a_value_load_checkpoint_would_refuse_is_refused_when_saving(tmp_path):
+    ## A Path among the extras would save, then fail at every load as "could run code".
+    with pytest.raises(TypeError, match=r"this one holds pathlib\.\w*Path: convert it"):
+        common.save_checkpoint(tmp_path / "m.pt", nn.Linear(2, 2), model_name="mlp", mean=0.0,
+                               std=1.0, epoch=1, val_accuracy=0.5, data_dir=tmp_path)
+    assert not (tmp_path / "m.pt").exists()
+    common.save_checkpoint(tmp_path / "m.pt", nn.Linear(2, 2), model_name="mlp", mean=0.0,
+                           std=1.0, epoch=1, val_accuracy=0.5, data_dir=str(tmp_path),
+                           sizes={"hidden": (4, 2)})  # plain values, tuples included: saved
+    assert common.load_checkpoint(tmp_path / "m.pt")["data_dir"] == str(tmp_path)
 
 
 def test_checkpoint_of_a_wrapped_model_has_no_prefix(tmp_path):
