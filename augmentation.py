@@ -2,12 +2,13 @@
 
     import augmentation
     for inputs, targets in loader:  # normalised digits, N x 1 x 28 x 28, light ink on dark
-        inputs, targets = augmentation.augment(inputs, targets)  # styles=False if not digits
+        inputs, targets = augmentation.augment(inputs, targets, styles=True)  # digits only
         ...  # the training step, as before
 
 augment() tilts, scales and shifts every digit of a batch, and thickens or thins two in three,
-each with its own random numbers; add_writing_styles() first draws a few strokes that MNIST's
-writers rarely used (a flag on a 1, a bar on a 7, a tail turned left on a 9).
+each with its own random numbers. With styles=True, for digits only, add_writing_styles() first
+draws a few strokes that MNIST's writers rarely used (a flag on a 1, a bar on a 7, a tail turned
+left on a 9): on other data, where 1, 7 and 9 are other classes, leave it off.
 collate_and_augment() is the same for the classic DataLoader pipeline. mnist_train.py imports
 this module; you can copy it into a project of your own: it needs only torch.
 """
@@ -22,10 +23,11 @@ from torch.utils.data import default_collate
 
 
 def augment(images: torch.Tensor, labels: torch.Tensor,
-            styles: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+            styles: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Randomly tilt, scale, shift, and thicken or thin the digits of a normalised batch.
 
-    With styles, add_writing_styles() first draws a flag, bar or tail on some 1s, 7s and 9s.
+    With styles=True (digits only), add_writing_styles() first draws a flag, bar or tail on
+    some 1s, 7s and 9s.
     """
     ## Digits in people's pictures lean, sit a little off-centre after cropping, and come from
     ## thinner or thicker pens than MNIST's. Training on such variations makes the model robust
@@ -34,6 +36,9 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
     ## It takes (images, labels) and returns both, the way torchvision's batch transforms are
     ## called (v2.MixUp, v2.CutMix); unlike those, it returns the labels as they came. It needs
     ## them as class indices, so run it before those two, which turn them into mixtures.
+    if images.dim() != 4 or not images.is_floating_point():
+        raise ValueError(f"augment() takes a float batch of shape [N, C, H, W], not "
+                         f"{images.dtype} of shape {list(images.shape)}")
     if styles:  # digits only: in Fashion-MNIST, 1, 7 and 9 are trousers, sneakers and boots
         images = add_writing_styles(images, labels)
     n, device, dtype = images.shape[0], images.device, images.dtype
@@ -87,6 +92,8 @@ def add_writing_styles(images: torch.Tensor, labels: torch.Tensor, p: float = 0.
     ## them. (A flag on half the 1s cost the MLP 0.2 points of MNIST test accuracy over 6 seeds;
     ## p = 0.3 costs less than the spread from seed to seed.) Square pictures, light ink on dark.
     n, size, device = images.shape[0], images.shape[-1], images.device
+    if images.shape[-2] != size:
+        raise ValueError(f"the writing styles need square pictures, not {list(images.shape)}")
     chosen = (torch.rand(n, device=device) < p) & ((labels == 1) | (labels == 7) | (labels == 9))
     ## Each picture's own darkest and brightest values, so that any normalisation works.
     low, high = images.amin((1, 2, 3), keepdim=True), images.amax((1, 2, 3), keepdim=True)
@@ -149,6 +156,7 @@ def draw_line(x0, y0, x1, y1, width: torch.Tensor, size: int) -> torch.Tensor:
     return (width / 2 + 0.5 - distance).clamp(0, 1)
 
 
-def collate_and_augment(samples: list, styles: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def collate_and_augment(samples: list,
+                        styles: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """DataLoader collate_fn for --augment: stack the samples, then augment the batch."""
     return augment(*default_collate(samples), styles=styles)

@@ -430,7 +430,7 @@ def test_augment_varies_digits_mildly_and_keeps_them_digits(tiny_mnist):
     images, labels = common.load_mnist(tiny_mnist, train=True)
     x = common.normalize_images(images[:300], common.MNIST_MEAN, common.MNIST_STD)
     torch.manual_seed(0)
-    out, out_labels = augmentation.augment(x, labels[:300])
+    out, out_labels = augmentation.augment(x, labels[:300], styles=True)
     assert out.shape == x.shape and out.dtype == x.dtype
     assert torch.equal(out_labels, labels[:300])  # the labels pass through unchanged
     ## no new values: warping and pooling only move and mix existing intensities
@@ -449,7 +449,7 @@ def test_augment_varies_digits_mildly_and_keeps_them_digits(tiny_mnist):
         assert shift.abs().max() < 3.5
     ## the same seed gives the same augmentation
     torch.manual_seed(0)
-    assert torch.equal(augmentation.augment(x, labels[:300])[0], out)
+    assert torch.equal(augmentation.augment(x, labels[:300], styles=True)[0], out)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
@@ -457,8 +457,25 @@ def test_augment_works_in_the_batch_s_own_dtype(dtype):
     ## augmentation.py is meant to be copied: a half-precision or double batch must work too
     ## (the random numbers take the batch's dtype, or grid_sample would refuse the mix).
     x = stem_picture(4).to(dtype)
-    out, _ = augmentation.augment(x, torch.tensor([1, 7, 9, 0]))
+    out, _ = augmentation.augment(x, torch.tensor([1, 7, 9, 0]), styles=True)
     assert out.dtype == dtype and out.shape == x.shape and torch.isfinite(out).all()
+
+
+def test_augment_copied_for_other_data_draws_no_digit_strokes_and_refuses_odd_batches():
+    ## In CIFAR-10, class 1 is a car: the writing styles are opt-in (styles=True), for digits.
+    x = torch.rand(64, 3, 32, 24)
+    labels = torch.ones(64, dtype=torch.long)
+    torch.manual_seed(0)
+    default, _ = augmentation.augment(x, labels)
+    torch.manual_seed(0)
+    assert torch.equal(default, augmentation.augment(x, labels, styles=False)[0])
+    with pytest.raises(ValueError, match=r"need square pictures, not \[64, 3, 32, 24\]"):
+        augmentation.augment(x, labels, styles=True)
+    with pytest.raises(ValueError, match=r"a float batch of shape \[N, C, H, W\], not "
+                       r"torch.float32 of shape \[64, 32, 24\]"):
+        augmentation.augment(x[:, 0], labels)
+    with pytest.raises(ValueError, match="not torch.uint8"):
+        augmentation.augment((x * 255).to(torch.uint8), labels)
 
 
 def test_augment_shifts_by_at_most_2_pixels_whatever_the_picture_s_size():
