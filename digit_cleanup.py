@@ -5,6 +5,9 @@
 
     digit, warning = preprocess(load_gray(Path("my_digit.jpg")))  # 28 x 28, 0..1, white on black
 
+(To use it in a project of your own, copy the whole file: preprocess() needs the helpers below
+it. It needs torch and Pillow only.)
+
 A model only knows the kind of images it was trained on. MNIST digits are white on black, about
 20x20 pixels inside a 28x28 frame, centred by their centre of mass, with strokes about 2 pixels
 wide. A phone photo of a digit is none of that, so preprocess() turns any picture into such an
@@ -219,6 +222,12 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
 
     Also return a warning when the picture holds no digit to read, or more than one (else None).
     """
+    plain = gray.dim() == 2 and gray.is_floating_point() and gray.numel() > 0
+    low, high = torch.aminmax(gray) if plain else (-1, -1)
+    if not 0 <= low <= high <= 1:  # a bug in the code that calls it, not a fault of the picture
+        raise ValueError(f"preprocess() takes a gray picture as a float H x W tensor of values "
+                         f"from 0 to 1 (as load_gray gives), not {gray.dtype} of shape "
+                         f"{list(gray.shape)}" + (f" from {low:g} to {high:g}" if high > 1 else ""))
     if already_mnist(gray):  # e.g. an MNIST test image: every step below would only blur it
         return gray.clamp(0, 1), None
     blank = torch.zeros(28, 28)

@@ -67,6 +67,20 @@ def test_an_mnist_style_image_passes_through_unchanged():
     assert all(abs(c - 14) < 1 for c in centre_of_mass(fixed))
 
 
+@pytest.mark.parametrize("gray, said", [
+    (torch.full((40, 30), 200.0), "not torch.float32 of shape [40, 30] from 200 to 200"),
+    (torch.zeros(40, 30, dtype=torch.uint8), "not torch.uint8 of shape [40, 30]"),
+    (torch.zeros(1, 28, 28), "not torch.float32 of shape [1, 28, 28]"),
+    (torch.zeros(0, 28), "not torch.float32 of shape [0, 28]"),
+])
+def test_preprocess_given_anything_but_a_gray_picture_from_0_to_1_says_so(gray, said):
+    ## A copy fed 0..255 values would otherwise warn "no digit found", blaming the picture.
+    with pytest.raises(ValueError) as refused:
+        digit_cleanup.preprocess(gray)
+    assert str(refused.value) == ("preprocess() takes a gray picture as a float H x W tensor of "
+                                  f"values from 0 to 1 (as load_gray gives), {said}")
+
+
 def test_transparency_and_exif_rotation_are_respected(tmp_path):
     reference = digit_of(to_gray(digit_picture(2, paper=(255, 255, 255),
                                                          ink=(0, 0, 0))))
