@@ -862,11 +862,10 @@ def seed_number(text: str) -> int:
     return number_from(0, 2**32 - 1)(text)
 
 
-def whole_number(text: str) -> int:
-    """argparse type: 0, 1, 2, ..."""
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected 0 or a positive whole number, got {text!r}")
-    return int(text)
+def worker_count(text: str) -> int:
+    """argparse type for --num-workers: 0 to 64. Each DataLoader worker is a process with its
+    own Python and torch (a few hundred MB): thousands would fill the memory."""
+    return number_from(0, 64)(text)
 
 
 def say(line: str, stream) -> None:

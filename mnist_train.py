@@ -65,7 +65,7 @@ try:
     import augmentation
     import common
     import run_files
-    from common import positive, seed_number, whole_number  # argparse types
+    from common import positive, seed_number, worker_count  # argparse types
 except KeyboardInterrupt:
     if __name__ != "__main__":  # imported (a notebook, the tests): the importer handles it
         raise
@@ -357,7 +357,7 @@ def check_outputs(outputs: run_files.RunOutputs, tensorboard: str | None) -> Non
     files = {"--save-path": outputs.checkpoint, "its CSV": outputs.csv}
     if not outputs.dry_run:
         files["its mistakes picture"] = outputs.mistakes
-    if outputs.checkpoint.suffix == ".csv":
+    if outputs.checkpoint.suffix.lower() == ".csv":  # .CSV too: Windows and macOS ignore case
         raise UsageError(f"--save-path {outputs.checkpoint}: the metrics go to {outputs.csv}; "
                          "give the checkpoint another suffix, such as .pt")
     for what, path in files.items():
@@ -779,7 +779,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--loader", choices=["memory", "dataloader"], default="memory",
                         help="memory: batches cut from tensors decoded once (fast); dataloader: "
                              "the classic per-sample Dataset + DataLoader pipeline")
-    parser.add_argument("--num-workers", type=whole_number, default=0,
+    parser.add_argument("--num-workers", type=worker_count, default=0,
                         help="DataLoader worker processes (only with --loader dataloader)")
     # system
     parser.add_argument("--device", type=device_type, default="auto",
@@ -794,7 +794,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deterministic", action="store_true",
                         help="bit-identical runs on a GPU too, at some cost in speed")
     # output
-    parser.add_argument("--save-path", type=Path, default=None,
+    parser.add_argument("--save-path", type=file_name, default=None,
                         help="best checkpoint (default: checkpoints/mnist_<model>.pt, "
                              "fashion_mnist_<model>.pt, or dry_run_...); beside it go the "
                              "per-epoch metrics (.csv), the mistakes picture (_mistakes.png) and "
@@ -823,6 +823,15 @@ def device_type(name: str) -> str:
 
 
 STOP_SIGNALS = (signal.SIGBREAK,) if hasattr(signal, "SIGBREAK") else ()  # Windows: Ctrl-Break
+
+
+def file_name(text: str) -> Path:
+    """argparse type for --save-path: a file's name, not a folder's (checkpoints/, ., '')."""
+    ## Path("checkpoints/") drops the slash and Path("") is ".": check the text as typed.
+    if text.endswith(("/", os.sep)) or Path(text).name in ("", ".", ".."):
+        raise argparse.ArgumentTypeError(f"{text!r} names a folder, not a file: give a file's "
+                                         "name, such as checkpoints/model.pt")
+    return Path(text)
 
 
 class UsageError(Exception):

@@ -42,7 +42,7 @@ try:
     from torch.utils.data import DataLoader, Dataset
 
     import common
-    from common import positive, seed_number, whole_number  # argparse types
+    from common import positive, seed_number, worker_count  # argparse types
 except KeyboardInterrupt:
     if __name__ != "__main__":  # imported (a notebook, the tests): the importer handles it
         raise
@@ -116,7 +116,7 @@ def main() -> None:
     parser = common.ArgumentParser(description=__doc__.split("\n")[0],
                                    formatter_class=common.HelpFormatter, allow_abbrev=False)
     ## positive(int) (common.py) refuses 0, negatives, nan and inf with a clear line;
-    ## whole_number and seed_number accept 0 too.
+    ## worker_count and seed_number accept 0 too.
     parser.add_argument("--epochs", type=positive(int), default=10, help="passes over the data")
     parser.add_argument("--batch-size", type=positive(int), default=64,
                         help="samples per training step")
@@ -132,7 +132,7 @@ def main() -> None:
     parser.add_argument("--num-classes", type=int, default=4, help="classes to tell apart")
     ## 0: batches are made in this process. A ClusterDataset item is one row of a tensor that
     ## is already in memory, far cheaper than starting and feeding worker processes.
-    parser.add_argument("--num-workers", type=whole_number, default=0,
+    parser.add_argument("--num-workers", type=worker_count, default=0,
                         help="DataLoader worker processes")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps, xpu")
     parser.add_argument("--seed", type=seed_number, default=0, help="same seed, same run")

@@ -153,7 +153,8 @@ def test_tensorboard_logs_are_written(tiny_mnist, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--epochs", "0"], "--epochs: must be a finite number greater than 0, got 0"),
-    (["--num-workers", "-1"], "--num-workers: expected 0 or a positive whole number, got '-1'"),
+    (["--num-workers", "-1"], "--num-workers: expected a whole number from 0 to 64, got '-1'"),
+    (["--num-workers", "10**20"], "--num-workers: expected a whole number from 0 to 64"),
     (["--batch-size", "-4"], "--batch-size: must be a finite number greater than 0"),
     (["--lr", "0"], "--lr: must be a finite number greater than 0"),
     (["--lr", "nan"], "--lr: must be a finite number greater than 0, got nan"),
@@ -594,6 +595,17 @@ def make_fifo(path):
     return path
 
 
+@pytest.mark.parametrize("typed", ["", ".", "..", "/", "new_folder/"])
+def test_a_save_path_that_names_a_folder_is_a_usage_error(tmp_path, monkeypatch, capsys, typed):
+    ## Path("new_folder/") is Path("new_folder"): the run would save a file of that name.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        mnist_train.main(["--dry-run", "--save-path", typed])
+    assert exit_.value.code == 2
+    assert f"--save-path: {typed!r} names a folder, not a file" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("target, message", [
     pytest.param(lambda d: make_fifo(d / "fifo"), "is a FIFO (named pipe), not a regular file, "
                  "and will not be replaced. To keep nothing, save into a temporary folder",
@@ -605,6 +617,7 @@ def make_fifo(path):
     pytest.param(lambda d: Path("/proc/no/such/folder/m.pt"), "cannot create the folder /proc/no",
                  marks=posix_only),
     (lambda d: d / "m.csv", "give the checkpoint another suffix"),
+    (lambda d: d / "m.CSV", "give the checkpoint another suffix"),  # m.csv on Windows, macOS
 ])
 def test_a_bad_save_path_is_refused_before_any_data_is_loaded(tmp_path, capsys, no_network,
                                                                target, message):

@@ -80,7 +80,8 @@ def test_ctrl_c_ends_the_run_with_one_line_and_exit_code_130():
     (["--lr", "1e39"], "--lr: must be at most 1e30, got 1e39"),  # beyond float32
     (["--clip-grad", "nan"], "--clip-grad: must be a finite number greater than 0, got nan"),
     (["--epochs", "0"], "--epochs: must be a finite number greater than 0, got 0"),
-    (["--num-workers", "-1"], "--num-workers: expected 0 or a positive whole number"),
+    (["--num-workers", "-1"], "--num-workers: expected a whole number from 0 to 64"),
+    (["--num-workers", "100000"], "--num-workers: expected a whole number from 0 to 64"),
     (["--samples", "3"], "--samples must be at least 4"),
     (["--warmup-epochs", "nan"], "--warmup-epochs must be from 0 to --epochs (10)"),
     (["--warmup-epochs", "-1"], "--warmup-epochs must be from 0 to --epochs (10)"),
