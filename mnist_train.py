@@ -369,6 +369,12 @@ def check_outputs(outputs: run_files.RunOutputs, tensorboard: str | None) -> Non
                         "--save-path /tmp/mnist/model.pt: the final test reloads the model")
         raise UsageError(f"{what} {path}{' ' if problem.startswith('is ') else ': '}{problem}")
     if tensorboard is not None:
+        ## Its own folder: not '' (TensorBoard would pick ./runs/...), not one of the run's files.
+        own = {os.path.abspath(p).casefold() for p in (outputs.checkpoint, outputs.csv,
+                                                       outputs.mistakes, outputs.resume)}
+        if not tensorboard.strip() or os.path.abspath(tensorboard).casefold() in own:
+            raise UsageError(f"--tensorboard {tensorboard!r}: give it a folder of its own, such "
+                             "as runs/mnist")
         if importlib.util.find_spec("tensorboard") is None:
             raise UsageError("--tensorboard needs the tensorboard package: pip install "
                              "tensorboard")

@@ -655,6 +655,19 @@ def test_a_bad_tensorboard_folder_or_csv_path_is_refused_and_the_old_checkpoint_
     assert save_path.read_bytes() == saved
 
 
+@pytest.mark.parametrize("name", ["", "m.pt", "m.csv", "m_mistakes.png", "m_resume.pt"])
+def test_tensorboard_on_one_of_the_run_s_own_files_or_empty_is_refused_at_once(
+        tmp_path, capsys, no_network, name):
+    ## m.pt would have become a folder of logs, renamed as "an earlier run's" checkpoint, and
+    ## the run would have ended with a traceback; '' wrote into ./runs/ without a word.
+    tb = str(tmp_path / name) if name else ""
+    with pytest.raises(SystemExit) as exit_:
+        train(tmp_path / "no_data", tmp_path / "m.pt", "--tensorboard", tb)
+    assert exit_.value.code == 2
+    assert f"--tensorboard {tb!r}: give it a folder of its own" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_disk_that_fills_up_keeps_the_previous_checkpoint_csv_and_picture(
         tiny_mnist, small_disk, capsys):
     folder = small_disk(600_000)  # room for one checkpoint (440 kB), not for two at once
