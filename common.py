@@ -485,20 +485,29 @@ def load_mnist(data_dir: str | Path, train: bool, download: bool = True,
     ## milliseconds; torchvision is imported only to download missing files (its import alone
     ## costs seconds).
     raw = Path(data_dir) / dataset / "raw"
-    for name in MNIST_FILES:
-        if (raw / name).exists() and (problem := _idx_problem(raw / name)):
-            raise DataError(f"{raw / name} is damaged ({problem}). Delete it, and its .gz if "
-                            "there is one, then run again to download it afresh.")
-    if not all((raw / name).exists() for name in MNIST_FILES):
-        if hint := _misplaced(Path(data_dir), dataset):
-            raise DataError(f"{dataset} is not in {raw}/, but {hint}")
-        if not download:
-            raise DataError(f"{dataset} is not in {raw}/ and downloading is switched off")
-        _download(data_dir, dataset, raw)
     prefix = "train" if train else "t10k"
     images_file = raw / f"{prefix}-images-idx3-ubyte"
     labels_file = raw / f"{prefix}-labels-idx1-ubyte"
-    images, labels = read_idx(images_file), read_idx(labels_file).long()
+    try:  # a file or folder this user may not read, a folder where a file belongs: one line
+        for folder in (Path(data_dir), *Path(data_dir).parents):  # the deepest one there
+            if folder.exists():
+                if not folder.is_dir():
+                    raise DataError(f"the data folder {data_dir} cannot be used: {folder} is a "
+                                    "file")
+                break
+        for name in MNIST_FILES:
+            if (raw / name).exists() and (problem := _idx_problem(raw / name)):
+                raise DataError(f"{raw / name} is damaged ({problem}). Delete it, and its .gz "
+                                "if there is one, then run again to download it afresh.")
+        if not all((raw / name).exists() for name in MNIST_FILES):
+            if hint := _misplaced(Path(data_dir), dataset):
+                raise DataError(f"{dataset} is not in {raw}/, but {hint}")
+            if not download:
+                raise DataError(f"{dataset} is not in {raw}/ and downloading is switched off")
+            _download(data_dir, dataset, raw)
+        images, labels = read_idx(images_file), read_idx(labels_file).long()
+    except OSError as err:
+        raise DataError(f"{err.filename or raw} cannot be read: {err.strerror or err}") from err
     if images.dim() != 3 or images.shape[1:] != (28, 28) or labels.dim() != 1:
         raise DataError(f"{images_file} holds images of shape {list(images.shape)} and "
                         f"{labels_file} labels of shape {list(labels.shape)}, where N x 28 x 28 "

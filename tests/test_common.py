@@ -1,6 +1,7 @@
 import math
 import os
 import pickle
+import re
 import sys
 from pathlib import Path
 
@@ -688,6 +689,27 @@ def test_read_idx_alone_names_a_damaged_file(tmp_path):
         common.read_idx(tmp_path / "huge")
     (tmp_path / "whole").write_bytes(b"\x00\x00\x08\x01" + (3).to_bytes(4, "big") + b"abc")
     assert common.read_idx(tmp_path / "whole").tolist() == [97, 98, 99]
+
+
+def test_mnist_files_that_cannot_be_read_and_a_data_folder_that_is_a_file_are_one_line(
+        tiny_mnist_copy, tmp_path, monkeypatch):
+    label_file = tiny_mnist_copy / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    label_file.unlink()
+    label_file.mkdir()  # a folder where the file belongs: IsADirectoryError before
+    with pytest.raises(common.DataError, match=f"^{re.escape(str(label_file))} cannot be read: "):
+        common.load_mnist(tiny_mnist_copy, train=False)
+    (tmp_path / "notes.txt").write_text("x")
+    for data_dir in (tmp_path / "notes.txt", tmp_path / "notes.txt" / "data"):
+        ## Not "downloading failed ... run once with internet access" (it would fail the same).
+        with pytest.raises(common.DataError, match=f"^the data folder {re.escape(str(data_dir))} "
+                           f"cannot be used: {re.escape(str(tmp_path / 'notes.txt'))} is a file$"):
+            common.load_mnist(data_dir, train=True)
+    ## A file this user may not read (root reads everything, so the refusal is simulated).
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(args[0]))
+    monkeypatch.setattr("builtins.open", refuse)
+    with pytest.raises(common.DataError, match="cannot be read: Permission denied$"):
+        common.load_mnist(tiny_mnist_copy, train=True)
 
 
 def test_missing_mnist_offline_says_which_folder(tmp_path, no_network):
