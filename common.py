@@ -731,7 +731,22 @@ def check_output_file(path: str | Path) -> str | None:
     ## Run before any long work, so that a bad path costs the user nothing.
     if problem := output_file_problem(path):
         return problem
-    return check_output_dir(Path(os.path.realpath(path)).parent)
+    real = Path(os.path.realpath(path))
+    if problem := check_output_dir(real.parent):
+        return problem
+    probe = temporary_name(real)  # 22 characters longer than the name: is it too long here?
+    try:
+        with open(probe, "xb"):
+            pass
+        probe.unlink()
+    except OSError as err:
+        return f"cannot be written: {err.strerror or err}"
+    return None
+
+
+def temporary_name(path: Path) -> Path:
+    """A new, hidden name beside `path`, for write_atomically to write before renaming."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
 
 
 def check_output_dir(folder: str | Path) -> str | None:
@@ -761,7 +776,7 @@ def write_atomically(path: str | Path, data: bytes) -> None:
     real = Path(os.path.realpath(path))  # through a symlink: replace the file it points to
     ## The name is chosen before the file exists, so that the `finally` below can remove it
     ## whenever an interruption comes, even in the middle of creating it.
-    tmp = real.with_name(f".{real.name}.{secrets.token_hex(8)}.tmp")
+    tmp = temporary_name(real)
     try:
         real.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "xb") as f:  # "x": a new file, never one that exists
@@ -783,7 +798,8 @@ def write_atomically(path: str | Path, data: bytes) -> None:
         raise OutputError(f"could not write {path}: {err.strerror or err}. The previous version "
                           "of that file, if there was one, is unchanged.") from err
     finally:
-        tmp.unlink(missing_ok=True)  # gone already after a successful os.replace
+        with contextlib.suppress(OSError):  # a name too long to create is too long to remove
+            tmp.unlink(missing_ok=True)  # gone already after a successful os.replace
 
 
 def replace_retrying(source: Path, target: Path, tries: int = 5) -> None:

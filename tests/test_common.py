@@ -478,6 +478,13 @@ def test_checkpoint_of_a_wrapped_model_has_no_prefix(tmp_path):
     assert "module.weight" in common.load_checkpoint(tmp_path / "m.pt")["state_dict"]
 
 
+@posix_only
+def test_a_name_too_long_for_the_temporary_file_is_one_output_error(tmp_path):
+    with pytest.raises(common.OutputError, match="File name too long"):
+        common.write_atomically(tmp_path / ("x" * 240), b"data")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "best.pt"
     model = common.build_model("mlp")

@@ -655,6 +655,19 @@ def test_a_bad_tensorboard_folder_or_csv_path_is_refused_and_the_old_checkpoint_
     assert save_path.read_bytes() == saved
 
 
+@posix_only  # a name of 240 characters: too long for the temporary file on Linux and macOS
+def test_a_save_path_whose_temporary_file_name_would_be_too_long_is_refused_at_once(
+        tmp_path, capsys, no_network):
+    ## The checkpoint is written under a name 22 characters longer, then renamed: 240 fits
+    ## the file system's 255, 262 does not. It failed after the first epoch, with a traceback.
+    save_path = tmp_path / ("x" * 237 + ".pt")
+    with pytest.raises(SystemExit) as exit_:
+        train(tmp_path / "no_data", save_path, "--epochs", "1")
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith("cannot be written: File name too long")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("name", ["", "m.pt", "m.csv", "m_mistakes.png", "m_resume.pt"])
 def test_tensorboard_on_one_of_the_run_s_own_files_or_empty_is_refused_at_once(
         tmp_path, capsys, no_network, name):
