@@ -865,8 +865,11 @@ def positive(kind):
                                              ) from None
         if not (value > 0 and math.isfinite(value)):
             raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, got {text}")
-        if value > 1e30:  # a learning rate of 1e39 would not even fit in a float32 tensor
-            raise argparse.ArgumentTypeError(f"must be at most 1e30, got {text}")
+        ## A learning rate of 1e39 would not even fit in a float32 tensor; a size of 10**20
+        ## would overflow PyTorch's 64-bit sizes (2**31 - 1 is far more than any memory holds).
+        limit, said = (2**31 - 1, "2147483647") if kind is int else (1e30, "1e30")
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"must be at most {said}, got {text}")
         return value
     return parse
 

@@ -160,6 +160,7 @@ def test_tensorboard_logs_are_written(tiny_mnist, tmp_path):
     (["--lr", "nan"], "--lr: must be a finite number greater than 0, got nan"),
     (["--lr", "inf"], "--lr: must be a finite number greater than 0, got inf"),
     (["--lr", "1e39"], "--lr: must be at most 1e30, got 1e39"),  # beyond float32
+    (["--hidden", "10" * 10], "--hidden: must be at most 2147483647, got 1010101010"),
     (["--lr", "fast"], "expected a positive number, got 'fast'"),
     (["--epochs", "1.5"], "--epochs: expected a positive whole number, got '1.5'"),
     (["--seed", "-1"], "--seed: expected a whole number from 0 to 4294967295, got '-1'"),
