@@ -878,8 +878,7 @@ def main(argv: list[str] | None = None) -> int:
     outputs = run_files.RunOutputs(checkpoint_path(args), args.dry_run)
     try:
         if args.resume:
-            given = run_files.given_on_command_line(parser, argv)
-            run_files.load_training_state(args, given, outputs)
+            run_files.load_training_state(args, parser, argv, outputs)
         with sigterm_as_ctrl_c():
             train(args, outputs)
     except (UsageError, run_files.ResumeError) as err:

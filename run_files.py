@@ -173,11 +173,14 @@ def run_settings(args: argparse.Namespace) -> dict:
     return {name: getattr(args, name) for name in RUN_SETTINGS}
 
 
-def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunOutputs) -> None:
+def load_training_state(args: argparse.Namespace, parser: argparse.ArgumentParser,
+                        argv: list[str] | None, outputs: RunOutputs) -> None:
     """For --resume: read the run's training state, and take its settings into `args`.
 
-    `given`: the settings given on the command line; the others come from the saved run.
+    The settings given on the command line (argv, parsed by `parser`) must match the saved
+    run's; the others come from it.
     """
+    given = given_on_command_line(parser, argv)
     if args.dry_run:
         raise ResumeError("--resume goes on with a real run; a --dry-run has nothing to resume")
     if not outputs.resume.exists():
@@ -200,6 +203,20 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
         settings, done = dict(state["settings"]), int(state["epoch"])
         for key in ("model", "optimizer", "scaler", "scheduler", "rng", "best", "history"):
             state[key]  # all there, or it is a KeyError: damaged, or from another version
+        settings.setdefault("schedule", "constant")  # a run saved before --schedule existed
+        ## Edited by hand, or saved by another version of the script: refused here, in one
+        ## line, rather than with a traceback an epoch later.
+        problem = settings_problem(settings, parser)
+        rng, best = state["rng"], state["best"]
+        if not (isinstance(rng, torch.Tensor) and rng.dtype == torch.uint8
+                and isinstance(state["history"], list) and isinstance(best, (list, tuple))
+                and len(best) == 2 and all(isinstance(v, (int, float)) for v in best)):
+            problem = problem or "its history, best epoch or random state is not what it saves"
+        if problem:
+            raise ValueError(problem)
+    except OSError as err:  # a file this user may not read
+        raise common.CheckpointError(f"{outputs.resume} cannot be read ({err.strerror or err}), "
+                                     "so the run cannot be resumed") from err
     except Exception as err:
         why = (f"it has no {err} part" if isinstance(err, KeyError)
                else common.first_sentence(err))
@@ -207,7 +224,6 @@ def load_training_state(args: argparse.Namespace, given: set[str], outputs: RunO
                                      f"resumed ({why}): start a new run without --resume") \
             from err
     check_best_model(outputs, state, settings["model"])
-    settings.setdefault("schedule", "constant")  # a run saved before --schedule existed
     for name, value in settings.items():
         if name not in given:  # left out: the run's own setting
             setattr(args, name, value)
@@ -265,6 +281,30 @@ def check_best_model(outputs: RunOutputs, state: dict, model_name: str) -> None:
 def as_flag(value) -> str:
     """A setting's value as it is typed on the command line: [128, 64] as 128 64."""
     return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def settings_problem(settings: dict, parser: argparse.ArgumentParser) -> str | None:
+    """What a saved run's settings hold that this script's command line would refuse, or None:
+    a state edited by hand, or saved by another version of the script."""
+    for action in parser._actions:
+        name = action.dest
+        if name not in RUN_SETTINGS:
+            continue
+        if name not in settings:
+            return f"it has no setting {name}"
+        value, ok = settings[name], True
+        if action.nargs == 0:  # a flag such as --augment: True or False
+            ok = isinstance(value, bool)
+        elif value is not None or action.default is not None:  # None: "not given", if allowed
+            for item in value if isinstance(value, list) else [value]:
+                try:  # what the command line would make of it, typed as it was saved
+                    parsed = action.type(str(item)) if action.type else item
+                except (argparse.ArgumentTypeError, ValueError, TypeError):
+                    parsed = None
+                ok = ok and parsed == item and (not action.choices or item in action.choices)
+        if not ok:
+            return f"its setting {name} is {value!r}, which {action.option_strings[0]} refuses"
+    return None
 
 
 def given_on_command_line(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:

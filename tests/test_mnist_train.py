@@ -827,6 +827,19 @@ def test_resume_when_a_folder_has_the_training_state_s_name(tiny_mnist, tmp_path
      "the training state saved beside the checkpoint (its _resume.pt) does not fit the model its "
      "settings describe (Unexpected key(s) in state_dict: \"fc3.weight\", \"fc3.bias\"), so the "
      "run cannot be resumed: start a new run without --resume"),
+
+    ## Edited by hand, or from another version of the script: tracebacks before, some of them
+    ## after a whole epoch had trained.
+    (lambda state: state["settings"].pop("model"), "(it has no setting model)"),
+    (lambda state: state["settings"].update(lr="abc"),
+     "(its setting lr is 'abc', which --lr refuses)"),
+    (lambda state: state["settings"].update(batch_size=0), "(its setting batch_size is 0, "),
+    (lambda state: state["settings"].update(amp="fp8"), "(its setting amp is 'fp8', which --amp"),
+    (lambda state: state["settings"].update(augment="yes"), "(its setting augment is 'yes'"),
+    (lambda state: state.update(best=(0.5,)), "(its history, best epoch or random state is not "
+                                              "what it saves)"),
+    (lambda state: state.update(history=None), "(its history, best epoch or random state"),
+    (lambda state: state.update(rng=torch.zeros(3)), "(its history, best epoch or random state"),
 ])
 def test_resume_of_a_state_from_another_run_or_version_is_one_line(tiny_mnist, tmp_path, capsys,
                                                                    edit, message):
