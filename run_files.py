@@ -371,9 +371,9 @@ def shell_word(value) -> str:
 
 
 def was_dry_run(path: Path) -> bool:
-    """Whether the checkpoint at `path` was written by a --dry-run (True if there is none)."""
+    """Whether the checkpoint at `path` was written by a --dry-run (False if there is none)."""
     if not path.exists():
-        return True  # nothing to keep
+        return False  # a real run's CSV or training state may still be there: they are kept
     try:
         return bool(common.load_checkpoint(path).get("dry_run"))
     except common.CheckpointError:

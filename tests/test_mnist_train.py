@@ -1377,6 +1377,17 @@ def test_a_dry_run_saved_over_a_real_checkpoint_keeps_the_real_one(tiny_mnist, t
     assert len(kept()) == 1
 
 
+def test_a_dry_run_where_only_a_real_run_s_csv_is_left_keeps_that_csv(tiny_mnist, tmp_path):
+    ## The real checkpoint was moved away to try it elsewhere; its CSV and state stayed.
+    real = tmp_path / "m.pt"
+    assert train(tiny_mnist, real, "--epochs", "1") == 0
+    csv = real.with_suffix(".csv").read_bytes()
+    real.rename(tmp_path / "elsewhere.pt")
+    assert train(tiny_mnist, real, "--dry-run") == 0
+    assert [p.read_bytes() for p in tmp_path.glob("m.*.csv")] == [csv]  # kept, renamed
+    assert real.with_suffix(".csv").read_bytes() != csv
+
+
 def test_resume_takes_epochs_given_on_the_command_line_even_at_the_default(tiny_mnist, tmp_path):
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "3") == 0
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "5", "--resume") == 0  # 5: default
