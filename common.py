@@ -947,6 +947,15 @@ def output_closed(note: str | None = None) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def output_stopped(err: OSError) -> bool:
+    """If `err` is stdout failing, end the output as output_closed() does and return True: a
+    closed pipe quietly (`| head`, as Unix tools do), a full disk with an error line."""
+    if (why := output_failure(err)) is None:
+        return False
+    output_closed(None if is_closed_output(err) else f"error: {why}.")
+    return True
+
+
 def flush_output(code: int) -> int:
     """A script's last step: write what stdout still buffers; `code`, or 1 if it was closed."""
     if sys.stdout is None:  # started with no stdout at all (`>&-`): print() wrote nothing
@@ -954,9 +963,8 @@ def flush_output(code: int) -> int:
     try:
         sys.stdout.flush()  # here a closed pipe can still be caught; at exit it is a traceback
     except OSError as err:  # the work was done, but its output was cut short
-        if (why := output_failure(err)) is None:
+        if not output_stopped(err):
             raise
-        output_closed(None if is_closed_output(err) else f"error: {why}.")  # `| head`: quiet
         return 1
     return code
 

@@ -300,9 +300,10 @@ def serve(server: ThreadingHTTPServer, host: str) -> None:
     print(f"Open http://{shown if ':' not in shown else f'[{shown}]'}:{port}/ in a browser "
           "to draw a digit. Ctrl-C to stop.", flush=True)
     if host not in ("127.0.0.1", "localhost", "::1"):
+        everywhere = host in ("0.0.0.0", "::", "")
         reach = (f"http://{socket.gethostname()}:{port}/ or this machine's IP address"
-                 if host in ("0.0.0.0", "::", "") else "the address above")
-        where = "every address of this machine" if host in ("0.0.0.0", "::", "") else host
+                 if everywhere else "the address above")
+        where = "every address of this machine" if everywhere else host
         print(f"note: listening on {where}: other machines on your network can use this page "
               f"too, at {reach}.", flush=True)
     try:

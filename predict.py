@@ -333,9 +333,7 @@ if __name__ == "__main__":
         print("\ninterrupted: stopped.", file=sys.stderr)
         sys.exit(130)
     except OSError as err:  # stdout failed: `| head -1` had read enough, or a full disk
-        if (why := common.output_failure(err)) is None:
+        if not common.output_stopped(err):
             raise
-        ## A closed pipe stops quietly, as Unix tools do; a full disk says so.
-        common.output_closed(None if common.is_closed_output(err) else f"error: {why}.")
         sys.exit(1)
     sys.exit(code)

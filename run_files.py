@@ -300,7 +300,8 @@ def settings_problem(settings: dict, parser: argparse.ArgumentParser) -> str | N
                 try:  # what the command line would make of it, typed as it was saved
                     parsed = action.type(str(item)) if action.type else item
                 except (argparse.ArgumentTypeError, ValueError, TypeError):
-                    parsed = None
+                    ok = False
+                    break
                 ok = ok and parsed == item and (not action.choices or item in action.choices)
         if not ok:
             return f"its setting {name} is {value!r}, which {action.option_strings[0]} refuses"

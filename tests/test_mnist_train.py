@@ -834,6 +834,7 @@ def test_resume_when_a_folder_has_the_training_state_s_name(tiny_mnist, tmp_path
     (lambda state: state["settings"].update(lr="abc"),
      "(its setting lr is 'abc', which --lr refuses)"),
     (lambda state: state["settings"].update(batch_size=0), "(its setting batch_size is 0, "),
+    (lambda state: state["settings"].update(lr=None), "(its setting lr is None, which --lr "),
     (lambda state: state["settings"].update(amp="fp8"), "(its setting amp is 'fp8', which --amp"),
     (lambda state: state["settings"].update(augment="yes"), "(its setting augment is 'yes'"),
     (lambda state: state.update(best=(0.5,)), "(its history, best epoch or random state is not "
