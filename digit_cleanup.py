@@ -222,17 +222,19 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
 
     Also return a warning when the picture holds no digit to read, or more than one (else None).
     """
-    plain = gray.dim() == 2 and gray.is_floating_point() and gray.numel() > 0
-    low, high = torch.aminmax(gray) if plain else (-1, -1)
-    if not 0 <= low <= high <= 1:  # a bug in the code that calls it, not a fault of the picture
-        raise ValueError(f"preprocess() takes a gray picture as a float H x W tensor of values "
-                         f"from 0 to 1 (as load_gray gives), not {gray.dtype} of shape "
-                         f"{list(gray.shape)}" + (f" from {low:g} to {high:g}" if high > 1 else ""))
+    ## Wrong input is a bug in the code that calls this, not a fault of the picture: say so.
+    wrong = (f"preprocess() takes a gray picture as a float H x W tensor of values from 0 to 1 "
+             f"(as load_gray gives), not {gray.dtype} of shape {list(gray.shape)}")
+    if gray.dim() != 2 or not gray.is_floating_point() or gray.numel() == 0:
+        raise ValueError(wrong)
+    ## 1. On a small copy (the picture itself when small): which side is ink, where is the digit?
+    overview = shrink(gray, OVERVIEW)
+    low, high = torch.aminmax(overview)  # checked here, at no cost: 0..255 values show here too
+    if not 0 <= low <= high <= 1:
+        raise ValueError(f"{wrong} from {low:g} to {high:g}")
     if already_mnist(gray):  # e.g. an MNIST test image: every step below would only blur it
         return gray.clamp(0, 1), None
     blank = torch.zeros(28, 28)
-    ## 1. On a small copy: which side is ink, and where is the digit?
-    overview = shrink(gray, OVERVIEW)
     dark_ink, problem = ink_polarity(overview)
     if problem:
         return blank, problem

@@ -69,6 +69,7 @@ def test_an_mnist_style_image_passes_through_unchanged():
 
 @pytest.mark.parametrize("gray, said", [
     (torch.full((40, 30), 200.0), "not torch.float32 of shape [40, 30] from 200 to 200"),
+    (torch.full((2000, 900), 255.0), "not torch.float32 of shape [2000, 900] from 255 to 255"),
     (torch.zeros(40, 30, dtype=torch.uint8), "not torch.uint8 of shape [40, 30]"),
     (torch.zeros(1, 28, 28), "not torch.float32 of shape [1, 28, 28]"),
     (torch.zeros(0, 28), "not torch.float32 of shape [0, 28]"),
