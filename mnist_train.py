@@ -60,6 +60,7 @@ try:
     import torch
     from PIL import Image, ImageDraw, ImageFont
     from torch import nn
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
     from torch.utils.data import DataLoader, DistributedSampler, Subset
 
     import augmentation
@@ -130,6 +131,10 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     ## --schedule warmup-cosine changes the learning rate after every batch; None: constant.
     epochs = 1 if args.dry_run else args.epochs
     scheduler = make_schedule(args.schedule, optimizer, epochs * len(train_loader))
+    ## --ema: also keep a running average of the weights as they train, and evaluate and save
+    ## that instead of the last step's weights (details at weight_average). None: no average.
+    averaged = weight_average(model, optimizer, epochs * len(train_loader)) if args.ema else None
+    kept = averaged.module if averaged else model  # the weights that are evaluated and saved
 
     ## Under --resume the sanity report skips the initial-loss check: the weights are still
     ## random here (the trained ones come back in step 5), and the check would describe them.
@@ -149,7 +154,7 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     best_acc, best_epoch, history, first = -1.0, 0, [], 1
     if args.resume:  # go on after the last epoch saved: weights, optimizer, random numbers
         best_acc, best_epoch, history, first = run_files.resume_training(
-            outputs.state, model, optimizer, scaler, scheduler, world)
+            outputs.state, model, optimizer, scaler, scheduler, averaged, world)
     with open_tensorboard(args.tensorboard if main_process else None) as writer:
         for epoch in range(first, epochs + 1):
             start = time.perf_counter()
@@ -162,7 +167,7 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
                 log_interval=args.log_interval, amp_dtype=amp_dtype, scaler=scaler,
                 clip_grad=args.clip_grad, scheduler=scheduler,
                 log=print if main_process else None)
-            val_loss, val_acc = common.evaluate(model, val_loader, criterion, device,
+            val_loss, val_acc = common.evaluate(kept, val_loader, criterion, device,
                                                 amp_dtype=amp_dtype)
             train_loss, val_loss, val_acc = reduce_metrics(  # torchrun: over all ranks
                 train_loss, val_loss, val_acc, len(splits[1][rank::world]), world, device)
@@ -181,7 +186,7 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
                         ## renamed with their date, never written over (a dry run replaces
                         ## an earlier dry run's file).
                         with outputs.keeping_earlier_run(epoch, val_acc):
-                            common.save_checkpoint(save_path, model, model_name=args.model,
+                            common.save_checkpoint(save_path, kept, model_name=args.model,
                                                    mean=mean, std=std, epoch=epoch,
                                                    val_accuracy=val_acc, sizes=sizes,
                                                    dataset=args.dataset, classes=classes,
@@ -192,6 +197,7 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
                          "optimizer": optimizer.state_dict(),
                          "scaler": scaler.state_dict() if scaler else None,
                          "scheduler": scheduler.state_dict() if scheduler else None,
+                         "ema": averaged.state_dict() if averaged else None,
                          "rng": torch.get_rng_state(), "best": (best_acc, best_epoch),
                          "history": history, "settings": run_files.run_settings(args)})
                 lr = f" | lr {optimizer.param_groups[0]['lr']:.2e}" if scheduler else ""
@@ -493,6 +499,26 @@ def make_schedule(name: str, optimizer: torch.optim.Optimizer, total_steps: int)
         milestones=[warmup])
 
 
+def weight_average(model: nn.Module, optimizer: torch.optim.Optimizer,
+                   total_steps: int) -> AveragedModel:
+    """--ema: a copy of `model` whose weights follow the average of its recent weights."""
+    ## Late in training, each step moves the weights a little around a good point, partly at
+    ## random (each batch pulls its own way); an average of the recent weights sits nearer to
+    ## that point. So the averaged model is usually a little more accurate than the last step's,
+    ## and varies less from one --seed to the next. It costs a copy of the weights and one
+    ## small update per step.
+    ## An exponential moving average (EMA): after each step the average moves a fraction
+    ## 1 - decay of the way to the new weights. This decay makes it span about the last tenth
+    ## of the run, so the first steps' weights, still near random, fade out (to e^-10) well
+    ## before the end, however long the run.
+    decay = max(0.0, 1 - 10 / total_steps)
+    ## use_buffers: a model's running statistics, if it has any (BatchNorm's), are averaged too.
+    averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+    ## The training loop stays as it is: the optimizer calls this after each of its steps.
+    optimizer.register_step_post_hook(lambda *_: averaged.update_parameters(model))
+    return averaged
+
+
 def sanity_report(model_name, model, loader, criterion, device, sizes, untrained=True) -> None:
     """Print what to look at first when training fails: versions, device, shapes, and the
     initial loss of an `untrained` model."""
@@ -769,6 +795,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--schedule", choices=["constant", "warmup-cosine"], default="constant",
                         help="the learning rate: constant, or warmup-cosine (it climbs to --lr "
                              "over the first tenth of the steps, then falls to 0 along a cosine)")
+    parser.add_argument("--ema", action="store_true",
+                        help="evaluate and save a running average of the weights over about the "
+                             "last tenth of the steps: usually a little more accurate, and "
+                             "steadier from one seed to the next")
     parser.add_argument("--clip-grad", type=positive(float), default=None, metavar="MAX_NORM",
                         help="clip the gradient norm to this value (try 1.0 if the loss spikes)")
     # data

@@ -165,7 +165,7 @@ class RunOutputs:
 ## exactly: see resume_training).
 RUN_SETTINGS = ("model", "hidden", "channels", "dataset", "optimizer", "lr", "batch_size",
                 "augment", "clip_grad", "amp", "seed", "val_size", "subset", "loader", "epochs",
-                "schedule")
+                "schedule", "ema")
 
 
 def run_settings(args: argparse.Namespace) -> dict:
@@ -204,6 +204,8 @@ def load_training_state(args: argparse.Namespace, parser: argparse.ArgumentParse
         for key in ("model", "optimizer", "scaler", "scheduler", "rng", "best", "history"):
             state[key]  # all there, or it is a KeyError: damaged, or from another version
         settings.setdefault("schedule", "constant")  # a run saved before --schedule existed
+        settings.setdefault("ema", False)  # or before --ema
+        state.setdefault("ema", None)
         ## Edited by hand, or saved by another version of the script: refused here, in one
         ## line, rather than with a traceback an epoch later.
         problem = settings_problem(settings, parser)
@@ -212,6 +214,8 @@ def load_training_state(args: argparse.Namespace, parser: argparse.ArgumentParse
                 and isinstance(state["history"], list) and isinstance(best, (list, tuple))
                 and len(best) == 2 and all(isinstance(v, (int, float)) for v in best)):
             problem = problem or "its history, best epoch or random state is not what it saves"
+        if settings["ema"] and not isinstance(state["ema"], dict):
+            problem = problem or "its --ema running average of the weights is missing"
         if problem:
             raise ValueError(problem)
     except OSError as err:  # a file this user may not read
@@ -229,10 +233,9 @@ def load_training_state(args: argparse.Namespace, parser: argparse.ArgumentParse
             setattr(args, name, value)
         elif getattr(args, name) != value and name != "epochs":  # more epochs: see below
             flag = "--" + name.replace("_", "-")
-            started = "without " + flag if value is None else f"with {flag} {as_flag(value)}"
-            raise ResumeError(f"--resume: this run was started {started}, not with {flag} "
-                             f"{as_flag(getattr(args, name))}; leave {flag} out to go on with "
-                             "it, or start a new run")
+            raise ResumeError(f"--resume: this run was started {with_flag(flag, value)}, not "
+                             f"{with_flag(flag, getattr(args, name))}; leave {flag} out to go "
+                             "on with it, or start a new run")
     state["epoch"] = done
     ## A schedule's learning rate was planned over the run's epochs: it cannot be stretched.
     if settings["schedule"] != "constant" and args.epochs != settings["epochs"]:
@@ -278,6 +281,13 @@ def check_best_model(outputs: RunOutputs, state: dict, model_name: str) -> None:
             "--resume, which keeps both files under a dated name")
 
 
+def with_flag(flag: str, value) -> str:
+    """A setting as the command line gives it: 'with --lr 0.01', 'with --ema', 'without --ema'."""
+    if value is None or value is False:  # not given
+        return "without " + flag
+    return f"with {flag}" + ("" if value is True else f" {as_flag(value)}")
+
+
 def as_flag(value) -> str:
     """A setting's value as it is typed on the command line: [128, 64] as 128 64."""
     return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
@@ -316,11 +326,14 @@ def given_on_command_line(parser: argparse.ArgumentParser, argv: list[str] | Non
 
 
 def resume_training(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scaler: torch.amp.GradScaler | None, scheduler, world: int):
+                    scaler: torch.amp.GradScaler | None, scheduler, averaged: nn.Module | None,
+                    world: int):
     """Put the saved training state back; return (best acc, best epoch, history, next epoch)."""
     try:
         model.load_state_dict(state["model"])  # the last epoch's weights, not the best ones
         optimizer.load_state_dict(state["optimizer"])  # Adam's running averages and step count
+        if averaged is not None:  # --ema: the running average of the weights
+            averaged.load_state_dict(state["ema"])
     except (RuntimeError, ValueError, KeyError) as err:  # the state of another model's run
         raise common.CheckpointError("--resume: the training state saved beside the checkpoint "
                                      "(its _resume.pt) does not fit the model its settings "

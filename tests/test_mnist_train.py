@@ -731,7 +731,7 @@ def without_seconds(csv_path):
 
 
 @pytest.mark.parametrize("flags", [[], ["--model", "cnn", "--augment"],
-                                   ["--schedule", "warmup-cosine"]])
+                                   ["--schedule", "warmup-cosine"], ["--ema"]])
 def test_a_resumed_run_ends_exactly_where_an_uninterrupted_one_does(tiny_mnist, tmp_path,
                                                                     monkeypatch, capsys, flags):
     ## On a CPU: the same weights, the same optimizer state, the same random numbers (dropout,
@@ -841,6 +841,8 @@ def test_resume_when_a_folder_has_the_training_state_s_name(tiny_mnist, tmp_path
                                               "what it saves)"),
     (lambda state: state.update(history=None), "(its history, best epoch or random state"),
     (lambda state: state.update(rng=torch.zeros(3)), "(its history, best epoch or random state"),
+    (lambda state: state["settings"].update(ema=True), "(its --ema running average of the "
+                                                       "weights is missing)"),
 ])
 def test_resume_of_a_state_from_another_run_or_version_is_one_line(tiny_mnist, tmp_path, capsys,
                                                                    edit, message):
@@ -1024,6 +1026,56 @@ def test_warmup_cosine_climbs_to_the_learning_rate_then_falls_to_zero():
     assert all(a < b for a, b in zip(rates[:peak], rates[1:peak + 1]))  # climbs
     assert all(a > b for a, b in zip(rates[peak:], rates[peak + 1:]))  # then only falls
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0, abs=1e-12)  # 0 at the end
+
+
+def test_ema_moves_the_average_toward_the_weights_after_every_optimizer_step():
+    ## 20 steps: decay 1 - 10/20 = 0.5, so each step the average moves halfway to the weights.
+    common.set_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    averaged = mnist_train.weight_average(model, optimizer, total_steps=20)
+    expected = None
+    for _ in range(3):
+        model(torch.randn(8, 3)).pow(2).mean().backward()  # BatchNorm's statistics move too
+        optimizer.step()
+        optimizer.zero_grad()
+        now = {k: v.clone() for k, v in model.state_dict().items() if v.is_floating_point()}
+        expected = now if expected is None else {k: (expected[k] + now[k]) / 2 for k in now}
+        got = averaged.module.state_dict()
+        assert all(torch.allclose(got[k], expected[k]) for k in expected)
+    assert not torch.equal(got["0.weight"], model.state_dict()["0.weight"])
+
+
+def test_an_ema_run_picks_saves_and_resumes_the_averaged_weights(tiny_mnist, tmp_path, capsys):
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--ema") == 0
+    state = torch.load(tmp_path / "a_resume.pt", weights_only=True)
+    assert state["best"][1] == 2 and state["settings"]["ema"] is True
+    saved = common.load_checkpoint(tmp_path / "a.pt")["state_dict"]
+    average = {k.removeprefix("module."): v for k, v in state["ema"].items() if k != "n_averaged"}
+    assert saved.keys() == average.keys()  # a plain model's file: predict.py reads it as is
+    assert all(torch.equal(saved[k], average[k]) for k in saved)  # the average was saved...
+    assert not torch.equal(saved["fc1.weight"], state["model"]["fc1.weight"])  # not the last step
+    ## ...and judged by its own validation loss and accuracy, not by the last step's.
+    model, checkpoint = common.load_model(tmp_path / "a.pt")
+    images, labels = common.load_mnist(tiny_mnist, train=True)
+    val = mnist_train.split_indices(len(labels), 200, 42)[1]
+    batch = [(common.normalize_images(images[val], checkpoint["mean"], checkpoint["std"]),
+              labels[val])]
+    last_step = common.build_model("mlp")
+    last_step.load_state_dict(state["model"])
+    criterion = torch.nn.CrossEntropyLoss()
+    (loss, acc), (last_loss, _) = [common.evaluate(m, batch, criterion, "cpu")
+                                   for m in (model, last_step)]
+    logged = read_csv(tmp_path / "a.csv")[1]
+    assert float(logged["val_loss"]) == pytest.approx(loss, abs=1e-6) != last_loss
+    assert checkpoint["val_accuracy"] == pytest.approx(acc, abs=1e-6)
+    ## A run without --ema is not resumed with it, and the message says so in flag words.
+    assert train(tiny_mnist, tmp_path / "b.pt", "--epochs", "1") == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        train(tiny_mnist, tmp_path / "b.pt", "--epochs", "2", "--resume", "--ema")
+    assert ("--resume: this run was started without --ema, not with --ema; leave --ema out to "
+            "go on with it") in capsys.readouterr().err
 
 
 def old_format_checkpoint(path):
