@@ -1078,6 +1078,15 @@ def test_an_ema_run_picks_saves_and_resumes_the_averaged_weights(tiny_mnist, tmp
             "go on with it") in capsys.readouterr().err
 
 
+def test_a_training_state_saved_before_ema_existed_resumes_without_it(tiny_mnist, tmp_path):
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "1") == 0
+    state = torch.load(tmp_path / "a_resume.pt", weights_only=True)
+    del state["ema"], state["settings"]["ema"]
+    torch.save(state, tmp_path / "a_resume.pt")
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--resume") == 0
+    assert torch.load(tmp_path / "a_resume.pt", weights_only=True)["settings"]["ema"] is False
+
+
 def old_format_checkpoint(path):
     """A checkpoint as this repo saved them before sizes, datasets and --resume existed."""
     common.set_seed(0)
