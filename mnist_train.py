@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import csv
 import gc
 import importlib.util
@@ -60,7 +61,6 @@ try:
     import torch
     from PIL import Image, ImageDraw, ImageFont
     from torch import nn
-    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
     from torch.utils.data import DataLoader, DistributedSampler, Subset
 
     import augmentation
@@ -134,7 +134,7 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     ## --ema: also keep a running average of the weights as they train, and evaluate and save
     ## that instead of the last step's weights (details at weight_average). None: no average.
     averaged = weight_average(model, optimizer, epochs * len(train_loader)) if args.ema else None
-    kept = averaged.module if averaged else model  # the weights that are evaluated and saved
+    kept = model if averaged is None else averaged  # the weights evaluated and saved
 
     ## Under --resume the sanity report skips the initial-loss check: the weights are still
     ## random here (the trained ones come back in step 5), and the check would describe them.
@@ -500,22 +500,34 @@ def make_schedule(name: str, optimizer: torch.optim.Optimizer, total_steps: int)
 
 
 def weight_average(model: nn.Module, optimizer: torch.optim.Optimizer,
-                   total_steps: int) -> AveragedModel:
+                   total_steps: int) -> nn.Module:
     """--ema: a copy of `model` whose weights follow the average of its recent weights."""
     ## Late in training, each step moves the weights a little around a good point, partly at
     ## random (each batch pulls its own way); an average of the recent weights sits nearer to
     ## that point. So the averaged model is usually a little more accurate than the last step's,
     ## and varies less from one --seed to the next. It costs a copy of the weights and one
-    ## small update per step.
+    ## small update per step. (torch.optim.swa_utils.AveragedModel does the same, with more
+    ## options, at twice the cost per step for a model this small.)
+    averaged = copy.deepcopy(model).requires_grad_(False)  # trained only through the average
     ## An exponential moving average (EMA): after each step the average moves a fraction
     ## 1 - decay of the way to the new weights. This decay makes it span about the last tenth
     ## of the run, so the first steps' weights, still near random, fade out (to e^-10) well
     ## before the end, however long the run.
     decay = max(0.0, 1 - 10 / total_steps)
-    ## use_buffers: a model's running statistics, if it has any (BatchNorm's), are averaged too.
-    averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
-    ## The training loop stays as it is: the optimizer calls this after each of its steps.
-    optimizer.register_step_post_hook(lambda *_: averaged.update_parameters(model))
+    ## state_dict() holds every weight, and BatchNorm's running statistics if there are any,
+    ## as tensors that share memory with the model's: updated in place, they update it.
+    pairs = list(zip(averaged.state_dict().values(), model.state_dict().values()))
+
+    @torch.no_grad()
+    def update(*_) -> None:
+        for average, current in pairs:
+            if average.is_floating_point():
+                average.lerp_(current, 1 - decay)  # average + (1 - decay) * (current - average)
+            else:  # a counter, such as BatchNorm's num_batches_tracked
+                average.copy_(current)
+
+    ## The training loop stays as it is: the optimizer calls update() after each of its steps.
+    optimizer.register_step_post_hook(update)
     return averaged
 
 
