@@ -131,19 +131,23 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
     ## --schedule warmup-cosine changes the learning rate after every batch; None: constant.
     epochs = 1 if args.dry_run else args.epochs
     scheduler = make_schedule(args.schedule, optimizer, epochs * len(train_loader))
-    ## --ema: also keep a running average of the weights as they train, and evaluate and save
-    ## that instead of the last step's weights (details at weight_average). None: no average.
+    ## --ema: also keep a running average of the weights, which the optimizer updates after
+    ## each of its steps, and evaluate and save that instead of the last step's weights
+    ## (details at weight_average). None: no average.
     averaged = weight_average(model, optimizer, epochs * len(train_loader)) if args.ema else None
-    kept = model if averaged is None else averaged  # the weights evaluated and saved
+    eval_model = model if averaged is None else averaged  # the weights evaluated and saved
 
     ## Under --resume the sanity report skips the initial-loss check: the weights are still
     ## random here (the trained ones come back in step 5), and the check would describe them.
     if main_process:
         sanity_report(args.model, model, val_loader, criterion, device, [len(s) for s in splits],
                       untrained=not args.resume)
-    ## `model` is what we evaluate and save; `train_model` is the same model, wrapped in DDP
-    ## under torchrun so that backward() also averages gradients across processes.
+    ## `train_model` is `model`, wrapped in DDP under torchrun so that backward() also averages
+    ## gradients across processes. Wrapping gives every rank rank 0's weights: the average
+    ## starts from those too.
     train_model = prepare_for_training(model, args.compile, world, device)
+    if averaged is not None:
+        averaged.load_state_dict(model.state_dict())
     ## Speed only: the objects made so far, torch's and those of torch._dynamo (PyTorch's
     ## compiler, which torch.optim imports at the first optimizer), live until exit: frozen out
     ## of the cycle collector's sight, also when train() is called from a notebook ("Start-up"
@@ -167,7 +171,7 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
                 log_interval=args.log_interval, amp_dtype=amp_dtype, scaler=scaler,
                 clip_grad=args.clip_grad, scheduler=scheduler,
                 log=print if main_process else None)
-            val_loss, val_acc = common.evaluate(kept, val_loader, criterion, device,
+            val_loss, val_acc = common.evaluate(eval_model, val_loader, criterion, device,
                                                 amp_dtype=amp_dtype)
             train_loss, val_loss, val_acc = reduce_metrics(  # torchrun: over all ranks
                 train_loss, val_loss, val_acc, len(splits[1][rank::world]), world, device)
@@ -186,18 +190,18 @@ def train(args: argparse.Namespace, outputs: run_files.RunOutputs) -> None:
                         ## renamed with their date, never written over (a dry run replaces
                         ## an earlier dry run's file).
                         with outputs.keeping_earlier_run(epoch, val_acc):
-                            common.save_checkpoint(save_path, kept, model_name=args.model,
+                            common.save_checkpoint(save_path, eval_model, model_name=args.model,
                                                    mean=mean, std=std, epoch=epoch,
                                                    val_accuracy=val_acc, sizes=sizes,
                                                    dataset=args.dataset, classes=classes,
                                                    dry_run=args.dry_run)
                     record_history(csv_path, history, writer)
-                    outputs.save_training_state(  # what --resume needs to go on from here
-                        {"epoch": epoch, "model": model.state_dict(),
+                    outputs.save_training_state(  # what --resume needs to go on from here:
+                        {"epoch": epoch, "model": model.state_dict(),  # the weights trained on
                          "optimizer": optimizer.state_dict(),
                          "scaler": scaler.state_dict() if scaler else None,
                          "scheduler": scheduler.state_dict() if scheduler else None,
-                         "ema": averaged.state_dict() if averaged else None,
+                         "ema": None if averaged is None else averaged.state_dict(),
                          "rng": torch.get_rng_state(), "best": (best_acc, best_epoch),
                          "history": history, "settings": run_files.run_settings(args)})
                 lr = f" | lr {optimizer.param_groups[0]['lr']:.2e}" if scheduler else ""
@@ -511,8 +515,9 @@ def weight_average(model: nn.Module, optimizer: torch.optim.Optimizer,
     averaged = copy.deepcopy(model).requires_grad_(False)  # trained only through the average
     ## An exponential moving average (EMA): after each step the average moves a fraction
     ## 1 - decay of the way to the new weights. This decay makes it span about the last tenth
-    ## of the run, so the first steps' weights, still near random, fade out (to e^-10) well
-    ## before the end, however long the run.
+    ## of the run, so that at the end the random weights it started from count for e^-10 at
+    ## most, however long the run. (Runs of 10 steps or fewer: decay 0, no averaging. A run
+    ## resumed with more --epochs averages over a tenth of its new length from then on.)
     decay = max(0.0, 1 - 10 / total_steps)
     ## state_dict() holds every weight, and BatchNorm's running statistics if there are any,
     ## as tensors that share memory with the model's: updated in place, they update it.
@@ -591,7 +596,9 @@ def prepare_for_training(model: nn.Module, compile: bool, world: int,
                          device: torch.device) -> nn.Module:
     """Compile `model` in place if asked; under torchrun, return it wrapped in DDP."""
     if compile:
-        model.compile()  # in place: training and evaluation both run the compiled version
+        ## In place: training and evaluation run the compiled version (but not --ema's
+        ## average, a copy made before this: it is evaluated uncompiled).
+        model.compile()
     if world == 1:
         return model
     ## DDP's backward() also averages gradients across ranks, so each step sees

@@ -1028,22 +1028,24 @@ def test_warmup_cosine_climbs_to_the_learning_rate_then_falls_to_zero():
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0, abs=1e-12)  # 0 at the end
 
 
-def test_ema_moves_the_average_toward_the_weights_after_every_optimizer_step():
-    ## 20 steps: decay 1 - 10/20 = 0.5, so each step the average moves halfway to the weights.
+@pytest.mark.parametrize("total_steps, decay", [(40, 0.75), (5, 0.0)])
+def test_ema_moves_the_average_toward_the_weights_after_every_optimizer_step(total_steps, decay):
+    ## 40 steps: decay 1 - 10/40 = 0.75, so each step the average moves a quarter of the way to
+    ## the weights. 5 steps: decay 0 (not negative), so the average is the weights.
     common.set_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-    averaged = mnist_train.weight_average(model, optimizer, total_steps=20)
+    averaged = mnist_train.weight_average(model, optimizer, total_steps=total_steps)
     expected = {k: v.clone() for k, v in model.state_dict().items() if v.is_floating_point()}
     for _ in range(3):
         model(torch.randn(8, 3)).pow(2).mean().backward()  # BatchNorm's statistics move too
         optimizer.step()
         optimizer.zero_grad()
         now = {k: v.clone() for k, v in model.state_dict().items() if v.is_floating_point()}
-        expected = {k: (expected[k] + now[k]) / 2 for k in now}
+        expected = {k: decay * expected[k] + (1 - decay) * now[k] for k in now}
         got = averaged.state_dict()
         assert all(torch.allclose(got[k], expected[k]) for k in expected)
-    assert not torch.equal(got["0.weight"], model.state_dict()["0.weight"])
+    assert torch.equal(got["0.weight"], model.state_dict()["0.weight"]) == (decay == 0)
     assert got["1.num_batches_tracked"] == 3 and not any(p.requires_grad for p in
                                                          averaged.parameters())
 
@@ -1078,6 +1080,35 @@ def test_an_ema_run_picks_saves_and_resumes_the_averaged_weights(tiny_mnist, tmp
         train(tiny_mnist, tmp_path / "b.pt", "--epochs", "2", "--resume", "--ema")
     assert ("--resume: this run was started without --ema, not with --ema; leave --ema out to "
             "go on with it") in capsys.readouterr().err
+
+
+def test_the_average_starts_from_the_weights_that_ddp_gives_every_rank(tiny_mnist, tmp_path,
+                                                                       monkeypatch):
+    ## Each rank draws its own random weights (seed + rank); wrapping in DDP then copies rank
+    ## 0's into every rank's model, in place. Here a stand-in changes them as DDP would.
+    prepare = mnist_train.prepare_for_training
+
+    def ddp_like(model, *args):
+        with torch.no_grad():
+            for weight in model.parameters():
+                weight.add_(1.0)
+        return prepare(model, *args)
+
+    seen = []
+
+    def first_epoch(model, *args, **kwargs):  # what the model holds as training starts
+        seen.append({k: v.clone() for k, v in model.state_dict().items()})
+        raise KeyboardInterrupt
+
+    averages = []
+    weight_average = mnist_train.weight_average
+    monkeypatch.setattr(mnist_train, "weight_average",
+                        lambda *a: averages.append(weight_average(*a)) or averages[-1])
+    monkeypatch.setattr(mnist_train, "prepare_for_training", ddp_like)
+    monkeypatch.setattr(common, "train_one_epoch", first_epoch)
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "1", "--ema") == 130
+    start = averages[0].state_dict()
+    assert all(torch.equal(start[k], v) for k, v in seen[0].items())
 
 
 def test_a_training_state_saved_before_ema_existed_resumes_without_it(tiny_mnist, tmp_path):
