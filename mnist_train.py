@@ -519,9 +519,10 @@ def weight_average(model: nn.Module, optimizer: torch.optim.Optimizer,
     ## most, however long the run. (Runs of 10 steps or fewer: decay 0, no averaging. A run
     ## resumed with more --epochs averages over a tenth of its new length from then on.)
     decay = max(0.0, 1 - 10 / total_steps)
-    ## state_dict() holds every weight, and BatchNorm's running statistics if there are any,
-    ## as tensors that share memory with the model's: updated in place, they update it.
-    pairs = list(zip(averaged.state_dict().values(), model.state_dict().values()))
+    ## Every weight, and BatchNorm's running statistics if there are any (buffers), paired
+    ## with the model's; a weight shared by two layers is listed once, so it moves once.
+    pairs = list(zip([*averaged.parameters(), *averaged.buffers()],
+                     [*model.parameters(), *model.buffers()]))
 
     @torch.no_grad()
     def update(*_) -> None:

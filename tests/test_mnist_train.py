@@ -1050,6 +1050,18 @@ def test_ema_moves_the_average_toward_the_weights_after_every_optimizer_step(tot
                                                          averaged.parameters())
 
 
+def test_ema_moves_a_weight_shared_by_two_layers_once_per_step():
+    layer = torch.nn.Linear(2, 2)
+    model = torch.nn.Sequential(layer, torch.nn.ReLU(), layer)  # one weight, used twice
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    averaged = mnist_train.weight_average(model, optimizer, total_steps=40)  # decay 0.75
+    start = layer.weight.detach().clone()
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    assert torch.allclose(averaged[0].weight, 0.75 * start + 0.25 * layer.weight)
+    assert averaged[0].weight is averaged[2].weight  # still shared in the copy
+
+
 def test_an_ema_run_picks_saves_and_resumes_the_averaged_weights(tiny_mnist, tmp_path, capsys):
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--ema") == 0
     state = torch.load(tmp_path / "a_resume.pt", weights_only=True)
