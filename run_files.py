@@ -205,7 +205,6 @@ def load_training_state(args: argparse.Namespace, parser: argparse.ArgumentParse
             state[key]  # all there, or it is a KeyError: damaged, or from another version
         settings.setdefault("schedule", "constant")  # a run saved before --schedule existed
         settings.setdefault("ema", False)  # or before --ema
-        state.setdefault("ema", None)
         ## Edited by hand, or saved by another version of the script: refused here, in one
         ## line, rather than with a traceback an epoch later.
         problem = settings_problem(settings, parser)

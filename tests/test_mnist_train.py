@@ -1062,7 +1062,7 @@ def test_ema_moves_a_weight_shared_by_two_layers_once_per_step():
     assert averaged[0].weight is averaged[2].weight  # still shared in the copy
 
 
-def test_an_ema_run_picks_saves_and_resumes_the_averaged_weights(tiny_mnist, tmp_path, capsys):
+def test_an_ema_run_judges_and_saves_the_averaged_weights(tiny_mnist, tmp_path, capsys):
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--ema") == 0
     state = torch.load(tmp_path / "a_resume.pt", weights_only=True)
     assert state["best"][1] == 2 and state["settings"]["ema"] is True
