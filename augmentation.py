@@ -47,18 +47,25 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
         return (torch.rand(n, device=device, dtype=dtype) * 2 - 1) * limit
 
     angle, scale = uniform(math.radians(10)), 1 + uniform(0.1)
-    ## affine_grid() computes, for every output pixel, where in the input to read it from;
-    ## grid_sample() reads there, blending the 4 nearest pixels. Positions run from -1 to 1
-    ## across the picture, so on 28 pixels one unit is 14 px. (align_corners=False in both
-    ## calls: -1 and 1 are the outer edges of the edge pixels, not their centres.)
+    ## The grid says, for every output pixel, where in the input to read it from; grid_sample()
+    ## reads there, blending the 4 nearest pixels. Positions run from -1 to 1 across the
+    ## picture, so on 28 pixels one unit is 14 px. (align_corners=False, here and in
+    ## grid_sample(): -1 and 1 are the outer edges of the edge pixels, not their centres.)
     height, width = images.shape[-2:]
     shift_x, shift_y = uniform(2 / (width / 2)), uniform(2 / (height / 2))  # +-2 px
-    ## theta is a rotation matrix [[cos, -sin], [sin, cos]] plus the shift. It maps output to
+
+    def centres(size):  # the pixels' centres, -1 + 1/size to 1 - 1/size, as affine_grid has them
+        return torch.linspace(-1, 1, size, device=device, dtype=dtype) * (size - 1) / size
+
+    x, y = centres(width).view(1, 1, width), centres(height).view(1, height, 1)
+    ## A rotation [[cos, -sin], [sin, cos]] plus the shift maps each output position to the
     ## input, so dividing by scale (scale > 1: read from nearer the centre) enlarges the digit.
-    cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
-    theta = torch.stack([torch.stack([cos, -sin, shift_x], 1),
-                         torch.stack([sin, cos, shift_y], 1)], 1)  # n x 2 x 3 affine matrices
-    grid = F.affine_grid(theta, list(images.shape), align_corners=False)
+    ## Shaped n x 1 x 1, each image's numbers broadcast over x (1 x 1 x W) and y (1 x H x 1).
+    ## F.affine_grid() computes this same grid, number for number, from n 2 x 3 matrices
+    ## [[cos, -sin, shift_x], [sin, cos, shift_y]], but on a CPU it takes 3x as long for 28 px.
+    cos, sin = ((v / scale).view(-1, 1, 1) for v in (torch.cos(angle), torch.sin(angle)))
+    shift_x, shift_y = shift_x.view(-1, 1, 1), shift_y.view(-1, 1, 1)
+    grid = torch.stack([x * cos - y * sin + shift_x, x * sin + y * cos + shift_y], 3)  # n,H,W,2
     ## "border" repeats the edge pixels, which in MNIST are paper (its digits were fitted into
     ## the middle 20x20). "zeros" would fill with 0, which after normalising is lighter than
     ## MNIST's black paper (-0.42): a visible frame. Apple's GPUs lack "border"
@@ -70,16 +77,26 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
         grid = torch.maximum(torch.minimum(grid, edge), -edge)
     out = F.grid_sample(images, grid, padding_mode="border" if device.type != "mps" else "zeros",
                         align_corners=False)
-    ## Stroke width: max-pooling spreads ink to neighbours (thicker), min-pooling removes edge
-    ## pixels (thinner; PyTorch has no min-pool, so it is minus the max-pool of minus). Each
+    ## Stroke width: a 3 x 3 max-pool spreads ink to neighbours (thicker), a min-pool removes
+    ## edge pixels (thinner; PyTorch has no min-pool, so it is minus the max-pool of minus). Each
     ## image has a 1 in 3 chance of each, and of neither: `pick` holds one number per image,
     ## shaped n x 1 x 1 x 1 so that it broadcasts over the pixels. Mixing with the original
     ## keeps it mild.
-    thicker = F.max_pool2d(out, 3, stride=1, padding=1)
-    thinner = -F.max_pool2d(-out, 3, stride=1, padding=1)
+    thicker, thinner = neighbourhood_max(out), -neighbourhood_max(-out)
     pick = torch.randint(0, 3, (n, 1, 1, 1), device=device)
     out = torch.where(pick == 1, (out + thicker) / 2, out)
     return torch.where(pick == 2, (out + thinner) / 2, out), labels
+
+
+def neighbourhood_max(images: torch.Tensor) -> torch.Tensor:
+    """Each pixel's brightest value among itself and its 8 neighbours: F.max_pool2d(images, 3,
+    stride=1, padding=1), computed as the maximum of shifted copies."""
+    ## The same numbers as max_pool2d, which on a CPU is slow for such small pictures: 0.7 ms
+    ## for 64 MNIST digits, against 0.1 ms here. A 3 x 3 maximum is a maximum over 3 columns,
+    ## then over 3 rows. Padding with -inf makes the edge pixels compare only with real ones.
+    padded = F.pad(images, (1, 1, 1, 1), value=-math.inf)
+    rows = torch.maximum(torch.maximum(padded[..., :-2], padded[..., 1:-1]), padded[..., 2:])
+    return torch.maximum(torch.maximum(rows[..., :-2, :], rows[..., 1:-1, :]), rows[..., 2:, :])
 
 
 def add_writing_styles(images: torch.Tensor, labels: torch.Tensor, p: float = 0.3) -> torch.Tensor:
@@ -128,15 +145,28 @@ def add_writing_styles(images: torch.Tensor, labels: torch.Tensor, p: float = 0.
     one, seven = labels == 1, labels == 7
     ends = [torch.where(one, f, torch.where(seven, b, t)) for f, b, t in zip(flag, bar, tail)]
     foot_half = height * between(0.15, 0.3)
-    foot = draw_line(x_bottom - foot_half, bottom, x_bottom + foot_half, bottom, stem, size)
-    footed = (one & (torch.rand(n, device=device) < 0.5)).view(-1, 1, 1)
-    strokes = torch.maximum(draw_line(*ends, stem, size), foot * footed)
-    ## Every digit's stroke is drawn, then masked: picking out the chosen few first would be
-    ## less arithmetic, but on a GPU it makes the CPU wait for the GPU at every batch (how many
-    ## were chosen decides the size of the result, and only the GPU knows it).
-    strokes = strokes * chosen.view(-1, 1, 1)  # nothing for the digits not chosen
+    foot = (x_bottom - foot_half, bottom, x_bottom + foot_half, bottom)
+    footed = one & (torch.rand(n, device=device) < 0.5)
+    drawn = images_to_draw_on(chosen)  # the chosen ones on a CPU, all on a GPU
+    strokes = torch.maximum(draw_line(*(v[drawn] for v in ends), stem[drawn], size),
+                            draw_line(*(v[drawn] for v in foot), stem[drawn], size)
+                            * footed[drawn].view(-1, 1, 1))
+    strokes = strokes * chosen[drawn].view(-1, 1, 1)  # nothing for the digits not chosen
     ## Paint the strokes in the picture's own ink colour, where they are brighter than it.
-    return torch.maximum(images, low + strokes[:, None] * (high - low))
+    images = images.clone()  # the caller's batch stays as it was
+    in_ink = low[drawn] + strokes[:, None] * (high - low)[drawn]
+    images[drawn] = torch.maximum(images[drawn], in_ink)
+    return images
+
+
+def images_to_draw_on(chosen: torch.Tensor) -> torch.Tensor | slice:
+    """Which images to draw strokes on: the chosen ones on a CPU, all of them on a GPU."""
+    ## Only the chosen digits, about 1 in 10, get a stroke, and drawing is most of
+    ## add_writing_styles()'s work: on a CPU, drawing only theirs halves its time. On a GPU,
+    ## picking them out would make the CPU wait for the GPU at every batch (how many were chosen
+    ## decides the size of the result, and only the GPU knows it): there, every digit's stroke
+    ## is drawn, then masked. Either way, images[drawn] are the images drawn on.
+    return chosen.nonzero()[:, 0] if chosen.device.type == "cpu" else slice(None)
 
 
 def draw_line(x0, y0, x1, y1, width: torch.Tensor, size: int) -> torch.Tensor:

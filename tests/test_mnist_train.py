@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import (
     change_a_tensor_on_disk,
     posix_only,
@@ -494,6 +495,52 @@ def test_augment_shifts_by_at_most_2_pixels_whatever_the_picture_s_size():
     dx = (out[:, 0].sum(1) * rows).sum(1) / mass - 27.5
     assert dx.abs().max() <= 2.5 and dy.abs().max() <= 2.5  # was 4.5
     assert dx.abs().max() > 1.5 and dy.abs().max() > 1.5  # the whole range is used
+
+
+@pytest.mark.parametrize("shape", [(5, 1, 28, 28), (2, 3, 7, 9)])
+def test_neighbourhood_max_is_a_3x3_max_pool(shape):
+    x = torch.randn(shape)
+    assert torch.equal(augmentation.neighbourhood_max(x), F.max_pool2d(x, 3, stride=1, padding=1))
+
+
+@pytest.mark.parametrize("shape", [(64, 1, 28, 28), (8, 1, 40, 32)])
+def test_augment_warps_as_affine_grid_and_max_pool2d_would(shape):
+    ## augment() writes out the grid and the 3x3 max-pool for speed. The textbook version,
+    ## drawing the same random numbers in the same order, must give the same pictures.
+    x, n = torch.randn(shape), shape[0]
+
+    def uniform(limit):
+        return (torch.rand(n) * 2 - 1) * limit
+
+    torch.manual_seed(0)
+    angle, scale = uniform(math.radians(10)), 1 + uniform(0.1)
+    shift_x, shift_y = uniform(2 / (shape[3] / 2)), uniform(2 / (shape[2] / 2))
+    cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
+    theta = torch.stack([torch.stack([cos, -sin, shift_x], 1),
+                         torch.stack([sin, cos, shift_y], 1)], 1)
+    grid = F.affine_grid(theta, list(shape), align_corners=False)
+    out = F.grid_sample(x, grid, padding_mode="border", align_corners=False)
+    thicker, thinner = F.max_pool2d(out, 3, 1, 1), -F.max_pool2d(-out, 3, 1, 1)
+    pick = torch.randint(0, 3, (n, 1, 1, 1))
+    out = torch.where(pick == 1, (out + thicker) / 2, out)
+    expected = torch.where(pick == 2, (out + thinner) / 2, out)
+    torch.manual_seed(0)
+    ## (equal on the machines tried; a matrix product may round its last bit differently)
+    assert torch.allclose(augmentation.augment(x, torch.zeros(n))[0], expected, atol=1e-6)
+
+
+def test_writing_styles_draw_the_same_strokes_the_gpu_way(monkeypatch):
+    ## On a CPU only the chosen digits are drawn on; on a GPU all are, then masked. Both ways
+    ## must paint the same pictures, and leave the caller's batch as it was.
+    x = torch.randn(256, 1, 28, 28)
+    labels = torch.tensor([1, 7, 9, 0]).repeat(64)
+    before = x.clone()
+    torch.manual_seed(0)
+    cpu_way = augmentation.add_writing_styles(x, labels)
+    monkeypatch.setattr(augmentation, "images_to_draw_on", lambda chosen: slice(None))
+    torch.manual_seed(0)
+    assert torch.equal(augmentation.add_writing_styles(x, labels), cpu_way)
+    assert torch.equal(x, before) and not torch.equal(cpu_way, x)
 
 
 def stem_picture(n: int) -> torch.Tensor:
