@@ -9,8 +9,12 @@ augment() tilts, scales and shifts every digit of a batch, and thickens or thins
 each with its own random numbers. With styles=True, for digits only, add_writing_styles() first
 draws a few strokes that MNIST's writers rarely used (a flag on a 1, a bar on a 7, a tail turned
 left on a 9): on other data, where 1, 7 and 9 are other classes, leave it off.
-collate_and_augment() is the same for the classic DataLoader pipeline. mnist_train.py imports
-this module; you can copy it into a project of your own: it needs only torch.
+collate_and_augment() does the same for a DataLoader that loads one sample at a time:
+DataLoader(dataset, 64, collate_fn=functools.partial(augmentation.collate_and_augment,
+styles=True)), a partial rather than a lambda, so that worker processes can receive it.
+Augment the training batches only: validate and test on the pictures as they are.
+mnist_train.py imports this module; you can copy it into a project of your own: it needs
+only torch.
 """
 
 from __future__ import annotations
@@ -58,13 +62,16 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
         return torch.linspace(-1, 1, size, device=device, dtype=dtype) * (size - 1) / size
 
     x, y = centres(width).view(1, 1, width), centres(height).view(1, height, 1)
-    ## A rotation [[cos, -sin], [sin, cos]] plus the shift maps each output position to the
-    ## input, so dividing by scale (scale > 1: read from nearer the centre) enlarges the digit.
-    ## Shaped n x 1 x 1, each image's numbers broadcast over x (1 x 1 x W) and y (1 x H x 1).
-    ## F.affine_grid() computes this same grid, number for number, from n 2 x 3 matrices
-    ## [[cos, -sin, shift_x], [sin, cos, shift_y]], but on a CPU it takes 3x as long for 28 px.
-    cos, sin = ((v / scale).view(-1, 1, 1) for v in (torch.cos(angle), torch.sin(angle)))
+    ## Each image's tilt and size: a rotation [[cos, -sin], [sin, cos]], divided by its scale,
+    ## and then its shift. The grid maps output to input, so a scale above 1 reads from nearer
+    ## the centre: it enlarges the digit. Each number is shaped n x 1 x 1, to broadcast over the
+    ## positions x (1 x 1 x W) and y (1 x H x 1).
+    cos, sin = (torch.cos(angle) / scale).view(-1, 1, 1), (torch.sin(angle) / scale).view(-1, 1, 1)
     shift_x, shift_y = shift_x.view(-1, 1, 1), shift_y.view(-1, 1, 1)
+    ## grid[..., 0] holds the x to read from and grid[..., 1] the y, the order grid_sample()
+    ## wants. F.affine_grid(theta, shape) makes this grid too (to the last bit, on the CPU it
+    ## was tried on) from n 2 x 3 matrices theta = [[cos, -sin, shift_x], [sin, cos, shift_y]], with
+    ## the cos and sin above, but on a CPU it takes 3x as long for 28-px pictures.
     grid = torch.stack([x * cos - y * sin + shift_x, x * sin + y * cos + shift_y], 3)  # n,H,W,2
     ## "border" repeats the edge pixels, which in MNIST are paper (its digits were fitted into
     ## the middle 20x20). "zeros" would fill with 0, which after normalising is lighter than
@@ -85,6 +92,8 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
     thicker, thinner = neighbourhood_max(out), -neighbourhood_max(-out)
     pick = torch.randint(0, 3, (n, 1, 1, 1), device=device)
     out = torch.where(pick == 1, (out + thicker) / 2, out)
+    ## The images picked 2 came through the line above unchanged, so `thinner`, made before it,
+    ## still matches them.
     return torch.where(pick == 2, (out + thinner) / 2, out), labels
 
 
@@ -92,15 +101,19 @@ def neighbourhood_max(images: torch.Tensor) -> torch.Tensor:
     """Each pixel's brightest value among itself and its 8 neighbours: F.max_pool2d(images, 3,
     stride=1, padding=1), computed as the maximum of shifted copies."""
     ## The same numbers as max_pool2d, which on a CPU is slow for such small pictures: 0.7 ms
-    ## for 64 MNIST digits, against 0.1 ms here. A 3 x 3 maximum is a maximum over 3 columns,
-    ## then over 3 rows. Padding with -inf makes the edge pixels compare only with real ones.
+    ## for 64 MNIST digits, against 0.1 ms here. A 3 x 3 maximum is the maximum of 3 pixels side
+    ## by side, then of 3 such results one above the other. Padding with -inf makes the edge
+    ## pixels compare only with real ones.
     padded = F.pad(images, (1, 1, 1, 1), value=-math.inf)
-    rows = torch.maximum(torch.maximum(padded[..., :-2], padded[..., 1:-1]), padded[..., 2:])
-    return torch.maximum(torch.maximum(rows[..., :-2, :], rows[..., 1:-1, :]), rows[..., 2:, :])
+    side = torch.maximum(torch.maximum(padded[..., :-2], padded[..., 1:-1]), padded[..., 2:])
+    return torch.maximum(torch.maximum(side[..., :-2, :], side[..., 1:-1, :]), side[..., 2:, :])
 
 
 def add_writing_styles(images: torch.Tensor, labels: torch.Tensor, p: float = 0.3) -> torch.Tensor:
-    """Give some 1s a flag (half of those a foot too), some 7s a bar, some 9s a tail turned left."""
+    """Give some 1s a flag (half of those a foot too), some 7s a bar, some 9s a tail turned left.
+
+    labels are class indices, on the same device as images.
+    """
     ## MNIST's writers were American. Much of the world writes 1 with a flag and often a foot,
     ## crosses its 7 so that it is not read as that 1, and turns the 9's tail to the left. A
     ## model that never saw those reads a flagged 1 as 7 (README, "Real pictures"). Each stroke
@@ -115,19 +128,20 @@ def add_writing_styles(images: torch.Tensor, labels: torch.Tensor, p: float = 0.
     ## Each picture's own darkest and brightest values, so that any normalisation works.
     low, high = images.amin((1, 2, 3), keepdim=True), images.amax((1, 2, 3), keepdim=True)
     ink = ((images - low) / (high - low).clamp_min(1e-6))[:, 0]  # 0 = paper, 1 = ink
-    rows = torch.arange(size, device=device, dtype=images.dtype)
+    place = torch.arange(size, device=device, dtype=images.dtype)  # row or column numbers
     inked = ink.sum(2) > 0.5  # n x size: rows with at least half a pixel's worth of ink
     ## The first inked row is the smallest row number among the inked ones: where() puts the
     ## largest possible row in place of every row without ink, so they never win amin().
-    top = torch.where(inked, rows, size - 1).amin(1)
-    bottom = torch.where(inked, rows, 0).amax(1)
+    top = torch.where(inked, place, size - 1).amin(1)
+    bottom = torch.where(inked, place, 0).amax(1)
     height = (bottom - top).clamp_min(1)
     middle = top + height / 2
-    ## The ink of three rows per digit (top, middle, bottom): where along the row it is centred.
+    ## Three rows per digit (top, middle, bottom), and in each, the column where its ink is
+    ## centred: the ink-weighted mean of the column numbers.
     which = torch.stack([top, middle, bottom], 1).round().long().clamp(0, size - 1)  # n x 3
     ## Two index tensors, n x 1 (the image) and n x 3 (its row), broadcast to n x 3 pairs.
     picked = ink[torch.arange(n, device=device).view(-1, 1), which]  # n x 3 x size
-    x_top, x_mid, x_bottom = ((picked * rows).sum(2) / picked.sum(2).clamp_min(1e-6)).unbind(1)
+    x_top, x_mid, x_bottom = ((picked * place).sum(2) / picked.sum(2).clamp_min(1e-6)).unbind(1)
     ## The stroke width: the ink across the middle row, which for a 1 or a 7 crosses its stem.
     ## Where it crosses a 9's loop, or a slanted stroke, it reads wider: hence the cap of 4 px.
     stem = picked[:, 1].sum(1).clamp(1.5, 4)
@@ -147,15 +161,15 @@ def add_writing_styles(images: torch.Tensor, labels: torch.Tensor, p: float = 0.
     foot_half = height * between(0.15, 0.3)
     foot = (x_bottom - foot_half, bottom, x_bottom + foot_half, bottom)
     footed = one & (torch.rand(n, device=device) < 0.5)
-    drawn = images_to_draw_on(chosen)  # the chosen ones on a CPU, all on a GPU
-    strokes = torch.maximum(draw_line(*(v[drawn] for v in ends), stem[drawn], size),
-                            draw_line(*(v[drawn] for v in foot), stem[drawn], size)
-                            * footed[drawn].view(-1, 1, 1))
-    strokes = strokes * chosen[drawn].view(-1, 1, 1)  # nothing for the digits not chosen
+    on = images_to_draw_on(chosen)  # the chosen ones on a CPU, all on a GPU
+    strokes = torch.maximum(draw_line(*(v[on] for v in ends), stem[on], size),
+                            draw_line(*(v[on] for v in foot), stem[on], size)
+                            * footed[on].view(-1, 1, 1))
+    strokes = strokes * chosen[on].view(-1, 1, 1)  # nothing for the digits not chosen
     ## Paint the strokes in the picture's own ink colour, where they are brighter than it.
     images = images.clone()  # the caller's batch stays as it was
-    in_ink = low[drawn] + strokes[:, None] * (high - low)[drawn]
-    images[drawn] = torch.maximum(images[drawn], in_ink)
+    in_ink = low[on] + strokes[:, None] * (high - low)[on]
+    images[on] = torch.maximum(images[on], in_ink)
     return images
 
 
@@ -165,12 +179,14 @@ def images_to_draw_on(chosen: torch.Tensor) -> torch.Tensor | slice:
     ## add_writing_styles()'s work: on a CPU, drawing only theirs halves its time. On a GPU,
     ## picking them out would make the CPU wait for the GPU at every batch (how many were chosen
     ## decides the size of the result, and only the GPU knows it): there, every digit's stroke
-    ## is drawn, then masked. Either way, images[drawn] are the images drawn on.
+    ## is drawn, then masked. Either way, images[result] are the images to draw on. (nonzero()
+    ## gives an n x 1 tensor, one row per True; [:, 0] makes it a plain list of numbers.)
     return chosen.nonzero()[:, 0] if chosen.device.type == "cpu" else slice(None)
 
 
 def draw_line(x0, y0, x1, y1, width: torch.Tensor, size: int) -> torch.Tensor:
-    """n anti-aliased lines, one per image: each pixel's ink (0..1) from its distance to it."""
+    """n anti-aliased lines, one per image: each pixel's ink (0..1), from how far it is from
+    the line."""
     ## Every argument holds one number per image, in pixels; a pixel's centre sits at whole
     ## coordinates, y growing downwards. The point of the segment nearest a pixel is
     ## x0 + t * (x1 - x0) with t clamped to [0, 1]. The ink fades from full to none over one
