@@ -181,7 +181,7 @@ def images_to_draw_on(chosen: torch.Tensor) -> torch.Tensor | slice:
     ## picking them out would make the CPU wait for the GPU at every batch (how many were chosen
     ## decides the size of the result, and only the GPU knows it): there, every digit's stroke
     ## is drawn, then masked. Either way, images[result] are the images to draw on. (nonzero()
-    ## gives an n x 1 tensor, one row per True; [:, 0] makes it a plain list of numbers.)
+    ## gives one row [i] per True entry, a k x 1 tensor; [:, 0] makes it a plain list of k.)
     return chosen.nonzero()[:, 0] if chosen.device.type == "cpu" else slice(None)
 
 
