@@ -3,7 +3,7 @@
     python mnist_train.py --epochs 5               # the MLP: about 97.5% test accuracy
     python mnist_train.py --model cnn --epochs 5   # a small CNN: about 99%
     python mnist_train.py --dry-run                # one batch of each phase, to check the script
-    python mnist_train.py --augment --ema --epochs 10   # reads people's own digits better
+    python mnist_train.py --augment --ema --epochs 7    # reads people's own digits better
     python predict.py samples/photo_3.jpg          # then classify a picture (or your own)
 
 What you should see (the MLP; about 7 s in all on a 2-core CPU, see the README):
