@@ -70,9 +70,10 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
     cos, sin = (torch.cos(angle) / scale).view(-1, 1, 1), (torch.sin(angle) / scale).view(-1, 1, 1)
     shift_x, shift_y = shift_x.view(-1, 1, 1), shift_y.view(-1, 1, 1)
     ## grid[..., 0] holds the x to read from and grid[..., 1] the y, the order grid_sample()
-    ## wants. F.affine_grid(theta, shape) makes this grid too, to the last bit on the CPU it was
-    ## tried on, from n 2 x 3 matrices theta = [[cos, -sin, shift_x], [sin, cos, shift_y]] (the
-    ## cos and sin above), but on a CPU it takes 3x as long for 28-px pictures.
+    ## wants. F.affine_grid(theta, shape) makes this grid too (to the last bit on an AMD CPU,
+    ## within one rounding step on an Intel one), from n 2 x 3 matrices theta = [[cos, -sin,
+    ## shift_x], [sin, cos, shift_y]] (the cos and sin above), but on a CPU it takes 3x as long
+    ## for 28-px pictures.
     grid = torch.stack([x * cos - y * sin + shift_x, x * sin + y * cos + shift_y], 3)  # n,H,W,2
     ## "border" repeats the edge pixels, which in MNIST are paper (its digits were fitted into
     ## the middle 20x20). "zeros" would fill with 0, which after normalising is lighter than
