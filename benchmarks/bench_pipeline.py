@@ -14,8 +14,8 @@ shared machine hits all of them alike:
   (c) floor      the same model and optimizer as (b) on random tensors already in memory, sliced
                  in order: what training costs with no data pipeline at all
   (d) floor on MNIST: the same as (c) on (b)'s normalised MNIST images, sliced in order. On
-                 some CPUs real images cost more arithmetic than random numbers (an Intel Xeon
-                 took about 1.1x as long per MLP epoch), so (b)/(d) is the pipeline's own cost
+                 some CPUs the same steps take longer on real images than on random numbers (an
+                 Intel Xeon: about 1.1x per MLP epoch), so (b)/(d) is the pipeline's own cost
 Each pipeline's time is the median of its epochs after the first (which includes warm-up), and
 each ratio is the median of the per-epoch ratios: a median, so that one quiet or one busy
 moment on a noisy machine does not decide the figure.
