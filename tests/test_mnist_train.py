@@ -506,11 +506,15 @@ def test_neighbourhood_max_is_a_3x3_max_pool(shape):
 @pytest.mark.parametrize("shape", [(64, 1, 28, 28), (8, 1, 40, 32)])
 def test_augment_warps_as_affine_grid_and_max_pool2d_would(shape):
     ## augment() writes out the grid and the 3x3 max-pool for speed. The textbook version,
-    ## drawing the same random numbers in the same order, must give the same pictures.
-    x, n = torch.randn(shape), shape[0]
+    ## drawing the same random numbers in the same order, must give the same pictures. In
+    ## float64: in float32, affine_grid's matrix product rounds about 1 grid entry in 8 one step
+    ## differently on an Intel Xeon (equal to the last bit on an AMD EPYC), which moves randn
+    ## pixels by up to 1.5e-5; in float64 the two ways differ by 2e-14 at most, and a wrong sign,
+    ## axis or shift would still move values by about 1.
+    x, n = torch.randn(shape, dtype=torch.float64), shape[0]
 
-    def uniform(limit):
-        return (torch.rand(n) * 2 - 1) * limit
+    def uniform(limit):  # augment() draws its random numbers in the images' dtype
+        return (torch.rand(n, dtype=torch.float64) * 2 - 1) * limit
 
     torch.manual_seed(0)
     angle, scale = uniform(math.radians(10)), 1 + uniform(0.1)
@@ -525,11 +529,7 @@ def test_augment_warps_as_affine_grid_and_max_pool2d_would(shape):
     out = torch.where(pick == 1, (out + thicker) / 2, out)
     expected = torch.where(pick == 2, (out + thinner) / 2, out)
     torch.manual_seed(0)
-    ## Equal to the last bit on an AMD EPYC CPU. On an Intel Xeon, affine_grid's matrix product
-    ## rounds about 1 grid entry in 8 one step differently (up to 2.4e-7 of half the picture's
-    ## width); between randn pixels, which differ by up to ~7, that moves a value by up to 1.5e-5.
-    ## A wrong sign, axis or shift would move values by about 1.
-    assert torch.allclose(augmentation.augment(x, torch.zeros(n))[0], expected, atol=1e-4)
+    assert torch.allclose(augmentation.augment(x, torch.zeros(n))[0], expected, rtol=0, atol=1e-9)
 
 
 def test_writing_styles_draw_the_same_strokes_the_gpu_way(monkeypatch):
