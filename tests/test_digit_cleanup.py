@@ -741,3 +741,28 @@ def test_the_sample_pictures_are_what_their_script_draws_and_each_holds_one_digi
         assert difference < 0.01, name  # JPEG may round differently from version to version
         digit, warning = digit_cleanup.preprocess(digit_cleanup.load_gray(folder / name))
         assert warning is None, name
+
+
+@pytest.mark.parametrize("height, width", [(1, 1), (3, 3), (5, 5), (9, 9), (21, 21), (3, 1),
+                                           (5, 1), (1, 3)])
+def test_window_max_gives_the_numbers_max_pool2d_gives(height, width):
+    g = torch.Generator().manual_seed(height * 100 + width)
+    for shape in [(1, 1), (2, 7), (30, 30), (37, 64)]:
+        x = torch.randn(shape, generator=g)
+        expected = F.max_pool2d(x[None, None], (height, width), 1, (height // 2, width // 2))[0, 0]
+        assert digit_cleanup.window_max(x, height, width).equal(expected)
+        assert (-digit_cleanup.window_max(-x, height, width)).equal(  # and the minimum
+            -F.max_pool2d(-x[None, None], (height, width), 1, (height // 2, width // 2))[0, 0])
+
+
+def test_top_quantile_gives_the_numbers_torch_quantile_gives_to_the_last_bit():
+    ## torch.quantile's own arithmetic: an interpolation done another way (the rank in float32,
+    ## or a weight of exactly 0.5) differs from it in the last bit for about 1 input in 6 here.
+    g = torch.Generator().manual_seed(0)
+    for i in range(300):
+        shape = [(1,), (2,), (676,), (10_000,), (144, 169), (3, 40, 7)][i % 6]
+        x = torch.rand(shape, generator=g, dtype=torch.float64 if i % 5 == 0 else torch.float32)
+        if i % 7 == 0:
+            x = (x * 4).round() / 4  # many equal values
+        q, dim = [0.9, 0.99, 0.5, 1.0, 0.0][i % 5], i % len(shape)
+        assert digit_cleanup.top_quantile(x, q, dim).equal(x.quantile(q, dim=dim)), (shape, q, dim)
