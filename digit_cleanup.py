@@ -208,13 +208,15 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
 ##   components     the separate blobs of a mask: pixels that touch (8 neighbours) share one
 ##   anti-aliasing  soft gray edge pixels instead of a hard step; shrinking without averaging
 ##                  (aliasing) turns thin lines into broken dashes; "bicubic" enlarges smoothly
-## And a few PyTorch idioms: F.interpolate and F.adaptive_max_pool2d take a batch of images
-## with channels, [N, C, H, W], so x[None, None] adds those two dimensions and [0, 0] takes them
-## off again. window_max(x, k) (at the end of this file) gives each pixel the maximum of its
-## k x k neighbourhood, as F.max_pool2d(x, k, stride=1, padding=k // 2) would, and
-## -window_max(-x, k) the minimum. A trailing underscore (div_, index_add_) changes
-## a tensor in place. unfold(dim, size, step) cuts a dimension into windows; scatter_reduce and
-## index_add_ collect values by label (the smallest, the largest, the sum).
+## And a few PyTorch idioms: F.interpolate, F.avg_pool2d and F.adaptive_max_pool2d take a batch
+## of images with channels, [N, C, H, W], as does F.pad except with a constant, so
+## x[None, None] adds those two dimensions and [0, 0] takes them off again. window_max(x, k) (at
+## the end of this file) gives each pixel the maximum of its k x k neighbourhood, as
+## F.max_pool2d(x[None, None], k, stride=1, padding=k // 2)[0, 0] would, and -window_max(-x, k)
+## the minimum (the smallest value is minus the largest of the negatives). A trailing underscore
+## (div_, index_add_) changes a tensor in place. unfold(dim, size, step) cuts a dimension into
+## windows; scatter_reduce and index_add_ collect values by label (the smallest, the largest,
+## the sum).
 
 
 @one_thread
@@ -532,7 +534,7 @@ def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
         ## Most pictures stop here and skip the search below.
         if int((m.mean(dim=1) > 0.6).sum()) < 2:
             continue
-        run = max(8, m.shape[1] // 5) | 1  # odd (| 1): what the opening long_runs replaced took
+        run = max(8, m.shape[1] // 5) | 1  # odd (| 1): an opening's window has a centre pixel
         smeared = window_max(m, 3, 1) > 0  # ink, or ink just above or below
         on_line = long_runs(smeared, run) & (m > 0)
         full_rows = on_line.float().mean(dim=1) > 0.6  # rows where a line spans the picture
@@ -689,6 +691,9 @@ def components(mask: torch.Tensor) -> torch.Tensor:
     ## 3. Number the regions 1, 2, ... in reading order, and paint each run with its number: on
     ##    the pixels in reading order, +number where a run starts and -number just after it
     ##    ends; a running sum then gives each pixel of the run its number, and 0 between runs.
+    ##    (Just after a run that ends a row is the next row's first pixel, and after the last
+    ##    row one extra slot: the running sum is back at 0 before any other run starts.) The
+    ##    runs' tensors serve this painting, their lists the Python loop above.
     numbers, region_of_run = {}, []
     for i in range(len(parent)):
         region_of_run.append(numbers.setdefault(root(i), len(numbers) + 1))
@@ -734,7 +739,9 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     ## size and divided by 4, MNIST's strokes are 1.3 to 3.1 px wide in the 20-px box for 90% of
     ## its digits, 2 px typically.
     big = fit(digit, DIGIT_BOX)
-    big = big / top_quantile(big.flatten(), 0.99).clamp(min=1e-3)  # faint thin lines: full ink
+    ## The 99th percentile (not the maximum: one bright pixel) becomes 1: faint thin lines reach
+    ## full ink.
+    big = big / top_quantile(big.flatten(), 0.99).clamp(min=1e-3)
     big = F.pad(big.clamp(0, 1), (12, 12, 12, 12))  # black room for strokes to grow into
     width = stroke_width(big > 0.5)
     if width < 6:
@@ -763,7 +770,8 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
 def bounding_box(mask: torch.Tensor) -> tuple[int, int, int, int]:
     """(top, bottom, left, right) of a mask's True pixels, as slice bounds: mask[top:bottom,
     left:right] holds them all. The mask must have at least one."""
-    rows = mask.any(dim=1).nonzero().flatten().tolist()  # the rows that hold ink, top first
+    ## As Python lists (one conversion, not four int() calls): the rows that hold ink, top first
+    rows = mask.any(dim=1).nonzero().flatten().tolist()
     cols = mask.any(dim=0).nonzero().flatten().tolist()
     return rows[0], rows[-1] + 1, cols[0], cols[-1] + 1
 
@@ -784,8 +792,8 @@ def stroke_width(mask: torch.Tensor) -> float:
     ## A stroke of width w and length L covers w x L pixels and has an outline of about 2 x L
     ## pixels (one edge on each side), so w = area / (outline / 2).
     m = mask.float()
-    ## Pixels whose 8 neighbours are all ink. The minimum ignores what lies beyond the edge,
-    ## as if it were ink: a mask needs a margin of paper for its outline to be seen there.
+    ## Pixels whose 8 neighbours are all ink. Beyond the edge counts as ink (window_max pads
+    ## -m with -inf): a mask needs a margin of paper for its outline to be seen there.
     inner = -window_max(-m, 3)
     outline = (m - inner).sum()
     return float(2 * m.sum() / outline.clamp(min=1))
@@ -821,10 +829,10 @@ def window_max(x: torch.Tensor, height: int, width: int | None = None) -> torch.
     """Each pixel's maximum over the height x width window centred on it (odd sizes; width
     defaults to height): F.max_pool2d(x[None, None], (height, width), 1, (height // 2,
     width // 2))[0, 0] for a 2-D float x, and -window_max(-x, ...) the minimum."""
-    ## On a 2-core CPU, max_pool2d takes 0.4-2 ms for a 100-px picture and a window of 3 to 9
-    ## pixels; the maximum of shifted copies, first along each row and then down each column,
-    ## takes 5-9x less. Padding with -inf lets the edge pixels compare only with real ones, as
-    ## max_pool2d does.
+    ## On one thread of the Intel Xeon machine (README), max_pool2d takes 0.4-2 ms for a 100-px
+    ## picture and a window of 3 to 9 pixels; the maximum of shifted copies, first along each
+    ## row and then down each column, takes 4-10x less. Padding with -inf lets the edge pixels
+    ## compare only with real ones, as max_pool2d does.
     width = width or height
     h, w = x.shape
     padded = F.pad(x, (width // 2, width // 2, height // 2, height // 2), value=-math.inf)
@@ -838,16 +846,19 @@ def window_max(x: torch.Tensor, height: int, width: int | None = None) -> torch.
 
 
 def top_quantile(x: torch.Tensor, q: float, dim: int = -1) -> torch.Tensor:
-    """x.quantile(q, dim) for a high q (0.9, 0.99), computed from the largest values only."""
-    ## torch.quantile sorts all the values; the q-quantile needs only the top (1 - q) of them,
-    ## and topk finds those 2-7x faster. The arithmetic is torch.quantile's, so that the numbers
-    ## are the same to the last bit: the quantile lies `rank` places up the sorted values (q in
-    ## x's dtype, times n - 1, in double precision), between the value at floor(rank) and the
-    ## next one up, weighted by how far rank lies between them ("linear" interpolation).
+    """x.quantile(q, dim) for a high q (0.9, 0.99), computed from the largest values only.
+    x must hold values (no NaN, not empty), as the clean-up's always do."""
+    ## torch.quantile sorts all the values; the q-quantile needs only about the top (1 - q) of
+    ## them, and topk finds those 1.3-7x faster (one thread, Intel Xeon; the higher q, the more
+    ## it saves). The quantile lies `rank` places up the values sorted from the smallest,
+    ## between the value at floor(rank) and the next one up, weighted by how far rank lies
+    ## between them ("linear" interpolation). rank is computed as torch.quantile computes it (q
+    ## rounded to x's dtype, times n - 1, in double precision): computed in float32, the last bit
+    ## of the result would differ for about 1 input in 6.
     n = x.shape[dim]
     rank = float(torch.tensor(q, dtype=x.dtype)) * (n - 1)
     below = int(rank)
-    top = x.topk(n - below, dim=dim).values  # largest first: ..., value at below + 1, at below
+    top = x.topk(n - below, dim=dim).values  # largest first: the last is the value at `below`
     at_below = top.narrow(dim, n - below - 1, 1).squeeze(dim)
     next_up = top.narrow(dim, max(0, n - below - 2), 1).squeeze(dim)
     return torch.lerp(at_below, next_up, torch.tensor(rank - below, dtype=x.dtype))
