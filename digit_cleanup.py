@@ -739,8 +739,8 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     ## size and divided by 4, MNIST's strokes are 1.3 to 3.1 px wide in the 20-px box for 90% of
     ## its digits, 2 px typically.
     big = fit(digit, DIGIT_BOX)
-    ## The 99th percentile (not the maximum: one bright pixel) becomes 1: faint thin lines reach
-    ## full ink.
+    ## The 99th percentile becomes 1 (not the maximum, which one stray bright pixel could set):
+    ## faint thin lines reach full ink.
     big = big / top_quantile(big.flatten(), 0.99).clamp(min=1e-3)
     big = F.pad(big.clamp(0, 1), (12, 12, 12, 12))  # black room for strokes to grow into
     width = stroke_width(big > 0.5)
@@ -832,7 +832,9 @@ def window_max(x: torch.Tensor, height: int, width: int | None = None) -> torch.
     ## On one thread of the Intel Xeon machine (README), max_pool2d takes 0.4-2 ms for a 100-px
     ## picture and a window of 3 to 9 pixels; the maximum of shifted copies, first along each
     ## row and then down each column, takes 4-10x less. Padding with -inf lets the edge pixels
-    ## compare only with real ones, as max_pool2d does.
+    ## compare only with real ones, as max_pool2d does. (augmentation.neighbourhood_max does the
+    ## 3 x 3 case for training batches; this file needs no other file of the repo, so that it
+    ## can be copied alone.)
     width = width or height
     h, w = x.shape
     padded = F.pad(x, (width // 2, width // 2, height // 2, height // 2), value=-math.inf)
