@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(common.MODELS), default="mlp")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
+    torch.set_flush_denormal(True)  # as mnist_train.py's setup_system does, before any maths
     try:
         device = common.get_device(args.device)
     except ValueError as err:

@@ -186,6 +186,9 @@ def main():
                         help="--end-to-end: how many alternated rounds of runs (classic, "
                              "ours, the bare loop)")
     args = parser.parse_args()
+    ## All four pipelines run as mnist_train.py trains: with denormals flushed to zero (see its
+    ## setup_system), set before any tensor maths so that torch's worker threads inherit it.
+    torch.set_flush_denormal(True)
     try:
         device = common.get_device(args.device)
     except ValueError as err:

@@ -1,3 +1,4 @@
+import argparse
 import math
 import os
 import shlex
@@ -121,6 +122,36 @@ def test_the_mistakes_picture_shows_the_first_64_in_order_and_none_without_mista
     path.unlink()
     mnist_train.report_mistakes(path, images, truth, truth, dry_run=False)
     assert "no mistakes on the test set" in capsys.readouterr().out and not path.exists()
+
+
+def dead_unit_after_adam(steps: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two weights that get one gradient, then only zeros (a ReLU unit that has died), trained
+    with Adam: return the weights and Adam's running average of their gradients."""
+    weight = torch.nn.Parameter(torch.tensor([0.5, -0.25]))
+    optimizer = torch.optim.Adam([weight], lr=1e-3, fused=True)
+    for step in range(steps):
+        weight.grad = torch.full((2,), 1e-3 if step == 0 else 0.0)
+        optimizer.step()
+    return weight.detach(), optimizer.state[weight]["exp_avg"]
+
+
+def test_training_flushes_denormals_and_they_change_no_weight():
+    """setup_system flushes float32 numbers below ~1e-38 to zero (20x slower on Intel CPUs)."""
+    try:
+        torch.set_flush_denormal(False)  # an earlier test's main() may have set it
+        ## Made after that: with flushing on, even this conversion from Python's float gives 0.
+        denormal = torch.tensor([1e-39])  # one number: computed on this thread, not a worker's
+        assert (denormal * 1.0).item() > 0  # kept by default
+        kept_weight, kept_average = dead_unit_after_adam()
+        ## The running average is stuck at 4 x 2^-149, as setup_system's comment says.
+        assert kept_average.tolist() == [4 * 2.0**-149] * 2
+        mnist_train.setup_system(argparse.Namespace(device="cpu", seed=0, deterministic=False))
+        assert (denormal * 1.0).item() == 0
+        weight, average = dead_unit_after_adam()
+        assert average.count_nonzero() == 0
+        assert torch.equal(weight, kept_weight)
+    finally:
+        torch.set_flush_denormal(False)
 
 
 def test_a_small_subset_can_be_overfitted(tiny_mnist, tmp_path):
