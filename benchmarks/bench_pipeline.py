@@ -3,6 +3,7 @@
     python benchmarks/bench_pipeline.py --data-dir ../shared/data               # MLP, 5 epochs
     python benchmarks/bench_pipeline.py --data-dir ../shared/data --model cnn
     python benchmarks/bench_pipeline.py --data-dir ../shared/data --end-to-end  # whole scripts
+    python benchmarks/bench_pipeline.py --data-dir ../shared/data --chunk 50    # (b) (c) (d) only
 
 All train the same model with Adam (lr 1e-3), batch 64 and seed 42 on 60,000 training
 images, and their epochs are interleaved (a1 b1 c1 d1 a2 b2 ...) so that a slow moment of a
@@ -18,7 +19,9 @@ shared machine hits all of them alike:
                  Intel Xeon: about 1.1x per MLP epoch), so (b)/(d) is the pipeline's own cost
 Each pipeline's time is the median of its epochs after the first (which includes warm-up), and
 each ratio is the median of the per-epoch ratios: a median, so that one quiet or one busy
-moment on a noisy machine does not decide the figure.
+moment on a noisy machine does not decide the figure. On a machine whose speed swings from
+second to second, --chunk 50 alternates (b), (c) and (d) every 50 steps instead, and compares
+those rounds: far less noisy than whole epochs.
 
 --end-to-end instead runs classic_mnist.py, mnist_train.py and benchmarks/bare_loop.py (--epochs
 each, 5 by default) as separate processes, round after round (classic, ours, bare loop, classic,
@@ -30,6 +33,7 @@ speed-up this machine allows.
 """
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
@@ -86,6 +90,9 @@ def per_epoch(args, device):
     model_d = common.build_model(args.model).to(device)
     opt_d = torch.optim.Adam(model_d.parameters(), lr=1e-3, fused=True)
 
+    if args.chunk:
+        return per_chunk(args, device, criterion, (model_b, opt_b, train_b),
+                         (model_c, opt_c, x_c, y_c), (model_d, opt_d))
     times = {"a": [], "b": [], "c": [], "d": []}
     for epoch in range(1, args.epochs + 1):
         times["a"].append(timed(device, classic_train_epoch, model_a, train_a, criterion, opt_a,
@@ -118,6 +125,36 @@ def per_epoch(args, device):
     b_d = statistics.median(b / d for b, d in zip(later["b"], later["d"]))
     print(f"\n(a)/(b) = {a_b:.1f}x faster;  (b)/(c) = {b_c:.2f}x the compute floor;  (b)/(d) = "
           f"{b_d:.2f}x the floor on MNIST (medians of the per-epoch ratios, epochs 2+)")
+
+
+def per_chunk(args, device, criterion, b, c, d):
+    """(b), (c) and (d) alternated every --chunk steps, not every epoch: a busy spell of a
+    shared machine, which can last seconds, then hits all three far more evenly."""
+    (model_b, opt_b, train_b), (model_c, opt_c, x_c, y_c), (model_d, opt_d) = b, c, d
+    steps = args.epochs * len(train_b)
+    batches = itertools.chain.from_iterable(itertools.repeat(train_b))  # epoch after epoch
+    n, k = len(y_c), args.chunk
+    if k > len(train_b):
+        sys.exit(f"--chunk {k} is more than an epoch's {len(train_b)} steps: give fewer")
+    times = {"b": [], "c": [], "d": []}
+    for first in range(0, steps - k + 1, k):
+        start = first * 64 % (n - k * 64 + 1)  # (c) and (d): the next k batches, in order
+        times["b"].append(timed(device, common.train_one_epoch, model_b,
+                                itertools.islice(batches, k), criterion, opt_b, device, log=None))
+        times["c"].append(timed(device, floor_epoch, model_c, x_c[start : start + k * 64],
+                                y_c[start : start + k * 64], criterion, opt_c, 64))
+        inputs, targets = train_b.inputs, train_b.targets  # (b)'s normalised MNIST images
+        times["d"].append(timed(device, floor_epoch, model_d, inputs[start : start + k * 64],
+                                targets[start : start + k * 64], criterion, opt_d, 64))
+    skip = len(train_b) // k  # the first epoch's chunks warm up (and units die: see README)
+    later = {key: v[skip:] if len(v) > skip else v for key, v in times.items()}
+    ratio = {pair: statistics.median(x / y for x, y in zip(later[pair[0]], later[pair[1]]))
+             for pair in ("bc", "bd", "dc")}
+    print(f"{args.model} on {device}, {len(later['b'])} rounds of {k} steps (batch 64) after "
+          f"{skip} of warm-up, alternated (torch {torch.__version__}, "
+          f"{torch.get_num_threads()} CPU threads)")
+    print(f"(b)/(c) = {ratio['bc']:.3f}x the compute floor;  (b)/(d) = {ratio['bd']:.3f}x the "
+          f"floor on MNIST;  (d)/(c) = {ratio['dc']:.3f}x (medians of the rounds' ratios)")
 
 
 def run_script(cmd):
@@ -181,6 +218,10 @@ def main():
     parser.add_argument("--epochs", type=common.positive(int), default=5,
                         help="epochs of each pipeline (or script, with --end-to-end); the median "
                              "of the epoch-by-epoch ratios (from epoch 2 on) is compared")
+    parser.add_argument("--chunk", type=common.positive(int), default=None, metavar="STEPS",
+                        help="time (b), (c) and (d) only, alternated every STEPS training steps "
+                             "instead of every epoch, for --epochs epochs' worth of steps; the "
+                             "first epoch's worth is warm-up")
     parser.add_argument("--end-to-end", action="store_true")
     parser.add_argument("--rounds", type=common.positive(int), default=3,
                         help="--end-to-end: how many alternated rounds of runs (classic, "
@@ -193,6 +234,8 @@ def main():
         device = common.get_device(args.device)
     except ValueError as err:
         parser.error(str(err))
+    if args.chunk and args.end_to_end:
+        parser.error("--chunk alternates steps within one process: leave out --end-to-end")
     if args.epochs < 2 and not args.end_to_end:
         parser.error("--epochs must be at least 2: the first epoch (warm-up) is not compared")
     if args.end_to_end:

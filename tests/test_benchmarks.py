@@ -1,9 +1,11 @@
-"""benchmarks/real_pictures.py: a folder of pictures named by their digit, as a user makes one."""
+"""benchmarks/real_pictures.py: a folder of pictures named by their digit, as a user makes one;
+and bench_pipeline.py's --chunk mode."""
 
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import digit_picture
 from PIL import Image
 
@@ -78,3 +80,27 @@ def test_speed_only_times_another_version_in_the_same_rounds(tmp_path, monkeypat
         score(monkeypatch, "--images", str(tmp_path), "--speed-only", "--compare-with",
               str(tmp_path / "nope.py"))
     assert str(exit_.value.code) == f"error: --compare-with {tmp_path / 'nope.py'}: no such file"
+
+
+def test_bench_pipeline_chunk_alternates_rounds_of_steps_after_an_epoch_of_warm_up(
+        tiny_mnist, monkeypatch, capsys):
+    """--chunk: (b), (c) and (d) in turns of K steps; the first epoch's turns are not compared."""
+    import bench_pipeline
+
+    monkeypatch.setattr(sys, "argv", ["bench_pipeline.py", "--data-dir", str(tiny_mnist),
+                                      "--chunk", "5", "--epochs", "2"])
+    try:
+        bench_pipeline.main()
+    finally:
+        torch.set_flush_denormal(False)  # main() sets it for the whole process
+    ## 800 images in batches of 64: 13 steps an epoch, 26 in two; turns of 5 steps start at
+    ## steps 0, 5, 10, 15 and 20; the first 13 // 5 = 2 of them warm up.
+    summary, ratios = capsys.readouterr().out.splitlines()[-2:]
+    assert summary.startswith("mlp on cpu, 3 rounds of 5 steps (batch 64) after 2 of warm-up")
+    assert ratios.startswith("(b)/(c) = ") and "(d)/(c) = " in ratios
+    for argv in (["--chunk", "5", "--end-to-end"], ["--chunk", "14"]):
+        monkeypatch.setattr(sys, "argv", ["bench_pipeline.py", "--data-dir", str(tiny_mnist),
+                                          *argv])
+        with pytest.raises(SystemExit) as exit_:
+            bench_pipeline.main()
+        assert exit_.value.code  # refused: not with --end-to-end; 14 is over an epoch's 13
