@@ -252,7 +252,7 @@ DATASETS = {
 
 def setup_system(args: argparse.Namespace) -> tuple[int, int, torch.device]:
     """Join torchrun's processes (if any), seed, and set denormals, deterministic mode, TF32."""
-    ## Speed only, on the CPU: float32 numbers below about 1e-38 ("denormals") took 18-22x
+    ## Speed only, on the CPU: float32 numbers below about 1e-38 ("denormals") took 17-22x
     ## longer per operation on the Intel CPU this was measured on. Training makes them: a ReLU
     ## unit that no image turns on gets gradients of 0, and Adam's running average of them
     ## decays to 4 x 2^-149, where 0.9 x that rounds back to itself, so every later step

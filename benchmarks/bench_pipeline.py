@@ -14,9 +14,10 @@ shared machine hits all of them alike:
                  from memory (common.TensorLoader), common.train_one_epoch, fused Adam
   (c) floor      the same model and optimizer as (b) on random tensors already in memory, sliced
                  in order: what training costs with no data pipeline at all
-  (d) floor on MNIST: the same as (c) on (b)'s normalised MNIST images, sliced in order. On
-                 some CPUs the same steps take longer on real images than on random numbers (an
-                 Intel Xeon: about 1.1x per MLP epoch), so (b)/(d) is the pipeline's own cost
+  (d) floor on MNIST: the same as (c) on (b)'s normalised MNIST images, sliced in order.
+                 Training on real images makes denormal numbers, slow on some CPUs (README,
+                 "Denormal numbers"); flushed, as here, (d) costs what (c) does. (b)/(d) is the
+                 pipeline's own cost
 Each pipeline's time is the median of its epochs after the first (which includes warm-up), and
 each ratio is the median of the per-epoch ratios: a median, so that one quiet or one busy
 moment on a noisy machine does not decide the figure. On a machine whose speed swings from
@@ -34,6 +35,7 @@ speed-up this machine allows.
 
 import argparse
 import itertools
+import math
 import os
 import statistics
 import subprocess
@@ -134,11 +136,11 @@ def per_chunk(args, device, criterion, b, c, d):
     steps = args.epochs * len(train_b)
     batches = itertools.chain.from_iterable(itertools.repeat(train_b))  # epoch after epoch
     n, k = len(y_c), args.chunk
-    if k > len(train_b):
-        sys.exit(f"--chunk {k} is more than an epoch's {len(train_b)} steps: give fewer")
+    if k * 64 > n:
+        sys.exit(f"--chunk {k}: {k} batches of 64 are more than the {n} images: give fewer")
     times = {"b": [], "c": [], "d": []}
     for first in range(0, steps - k + 1, k):
-        start = first * 64 % (n - k * 64 + 1)  # (c) and (d): the next k batches, in order
+        start = first * 64 % (n // (k * 64) * k * 64)  # (c), (d): the next k batches, in order
         times["b"].append(timed(device, common.train_one_epoch, model_b,
                                 itertools.islice(batches, k), criterion, opt_b, device, log=None))
         times["c"].append(timed(device, floor_epoch, model_c, x_c[start : start + k * 64],
@@ -146,7 +148,7 @@ def per_chunk(args, device, criterion, b, c, d):
         inputs, targets = train_b.inputs, train_b.targets  # (b)'s normalised MNIST images
         times["d"].append(timed(device, floor_epoch, model_d, inputs[start : start + k * 64],
                                 targets[start : start + k * 64], criterion, opt_d, 64))
-    skip = len(train_b) // k  # the first epoch's chunks warm up (and units die: see README)
+    skip = math.ceil(len(train_b) / k)  # an epoch's worth warms up (units die: see README)
     later = {key: v[skip:] if len(v) > skip else v for key, v in times.items()}
     ratio = {pair: statistics.median(x / y for x, y in zip(later[pair[0]], later[pair[1]]))
              for pair in ("bc", "bd", "dc")}
@@ -227,8 +229,9 @@ def main():
                         help="--end-to-end: how many alternated rounds of runs (classic, "
                              "ours, the bare loop)")
     args = parser.parse_args()
-    ## All four pipelines run as mnist_train.py trains: with denormals flushed to zero (see its
-    ## setup_system), set before any tensor maths so that torch's worker threads inherit it.
+    ## The pipelines timed in this process train as mnist_train.py does: with denormals flushed
+    ## to zero (see its setup_system), set before any tensor maths so that torch's worker
+    ## threads inherit it. (--end-to-end runs each script as it is: classic_mnist.py does not.)
     torch.set_flush_denormal(True)
     try:
         device = common.get_device(args.device)

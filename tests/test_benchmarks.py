@@ -94,13 +94,13 @@ def test_bench_pipeline_chunk_alternates_rounds_of_steps_after_an_epoch_of_warm_
     finally:
         torch.set_flush_denormal(False)  # main() sets it for the whole process
     ## 800 images in batches of 64: 13 steps an epoch, 26 in two; turns of 5 steps start at
-    ## steps 0, 5, 10, 15 and 20; the first 13 // 5 = 2 of them warm up.
+    ## steps 0, 5, 10, 15 and 20; the first 3 of them (15 steps: an epoch's worth) warm up.
     summary, ratios = capsys.readouterr().out.splitlines()[-2:]
-    assert summary.startswith("mlp on cpu, 3 rounds of 5 steps (batch 64) after 2 of warm-up")
+    assert summary.startswith("mlp on cpu, 2 rounds of 5 steps (batch 64) after 3 of warm-up")
     assert ratios.startswith("(b)/(c) = ") and "(d)/(c) = " in ratios
-    for argv in (["--chunk", "5", "--end-to-end"], ["--chunk", "14"]):
+    for argv in (["--chunk", "5", "--end-to-end"], ["--chunk", "13"]):
         monkeypatch.setattr(sys, "argv", ["bench_pipeline.py", "--data-dir", str(tiny_mnist),
                                           *argv])
         with pytest.raises(SystemExit) as exit_:
             bench_pipeline.main()
-        assert exit_.value.code  # refused: not with --end-to-end; 14 is over an epoch's 13
+        assert exit_.value.code  # refused: not with --end-to-end; 13 x 64 is over 800 images
