@@ -257,8 +257,9 @@ def setup_system(args: argparse.Namespace) -> tuple[int, int, torch.device]:
     ## unit that no image turns on gets gradients of 0, and Adam's running average of them
     ## decays to 4 x 2^-149, where 0.9 x that rounds back to itself, so every later step
     ## computes with thousands of denormals. Flushed to 0, they changed no weight of the
-    ## README's runs (its "Speed" section). Set before any tensor maths: torch's worker threads
-    ## copy the setting from this thread when they start.
+    ## README's runs (its "Speed" section). Set before any tensor maths: on Linux, torch's
+    ## worker threads copy it from this thread when they start (on macOS or Windows they may
+    ## not, which only loses part of the gain).
     torch.set_flush_denormal(True)
     device = common.get_device(args.device)  # "auto": the accelerator if there is one
     if args.device == "auto" and device.type == "cpu" and (note := missing_gpu_note()):
