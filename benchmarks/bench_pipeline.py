@@ -149,7 +149,10 @@ def per_chunk(args, device, criterion, b, c, d):
         times["d"].append(timed(device, floor_epoch, model_d, inputs[start : start + k * 64],
                                 targets[start : start + k * 64], criterion, opt_d, 64))
     skip = math.ceil(len(train_b) / k)  # an epoch's worth warms up (units die: see README)
-    later = {key: v[skip:] if len(v) > skip else v for key, v in times.items()}
+    if len(times["b"]) <= skip:
+        sys.exit(f"--chunk {k}: no rounds left after the warm-up: give more --epochs or a "
+                 "smaller --chunk")
+    later = {key: v[skip:] for key, v in times.items()}
     ratio = {pair: statistics.median(x / y for x, y in zip(later[pair[0]], later[pair[1]]))
              for pair in ("bc", "bd", "dc")}
     print(f"{args.model} on {device}, {len(later['b'])} rounds of {k} steps (batch 64) after "
