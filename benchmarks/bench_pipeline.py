@@ -136,18 +136,19 @@ def per_chunk(args, device, criterion, b, c, d):
     steps = args.epochs * len(train_b)
     batches = itertools.chain.from_iterable(itertools.repeat(train_b))  # epoch after epoch
     n, k = len(y_c), args.chunk
-    if k * 64 > n:
+    span = k * 64  # the images of one turn of k batches
+    if span > n:
         sys.exit(f"--chunk {k}: {k} batches of 64 are more than the {n} images: give fewer")
+    inputs, targets = train_b.inputs, train_b.targets  # (b)'s normalised MNIST images, for (d)
     times = {"b": [], "c": [], "d": []}
     for first in range(0, steps - k + 1, k):
-        start = first * 64 % (n // (k * 64) * k * 64)  # (c), (d): the next k batches, in order
+        start = first * 64 % (n // span * span)  # (c), (d): the next k batches, in order
         times["b"].append(timed(device, common.train_one_epoch, model_b,
                                 itertools.islice(batches, k), criterion, opt_b, device, log=None))
-        times["c"].append(timed(device, floor_epoch, model_c, x_c[start : start + k * 64],
-                                y_c[start : start + k * 64], criterion, opt_c, 64))
-        inputs, targets = train_b.inputs, train_b.targets  # (b)'s normalised MNIST images
-        times["d"].append(timed(device, floor_epoch, model_d, inputs[start : start + k * 64],
-                                targets[start : start + k * 64], criterion, opt_d, 64))
+        times["c"].append(timed(device, floor_epoch, model_c, x_c[start : start + span],
+                                y_c[start : start + span], criterion, opt_c, 64))
+        times["d"].append(timed(device, floor_epoch, model_d, inputs[start : start + span],
+                                targets[start : start + span], criterion, opt_d, 64))
     skip = math.ceil(len(train_b) / k)  # an epoch's worth warms up (units die: see README)
     if len(times["b"]) <= skip:
         sys.exit(f"--chunk {k}: no rounds left after the warm-up: give more --epochs or a "
