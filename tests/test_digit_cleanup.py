@@ -766,3 +766,22 @@ def test_top_quantile_gives_the_numbers_torch_quantile_gives_to_the_last_bit():
             x = (x * 4).round() / 4  # many equal values
         q, dim = [0.9, 0.99, 0.5, 1.0, 0.0][i % 5], i % len(shape)
         assert digit_cleanup.top_quantile(x, q, dim).equal(x.quantile(q, dim=dim)), (shape, q, dim)
+
+
+def test_cell_max_gives_the_numbers_adaptive_max_pool2d_gives():
+    g = torch.Generator().manual_seed(1)
+    for shape, size in [((1, 1), (1, 1)), ((7, 5), (7, 5)), ((9, 13), (4, 4)), ((33, 17), (7, 5)),
+                        ((100, 37), (80, 30)), ((1080, 998), (480, 444)), ((50, 3), (80, 2))]:
+        x = torch.randn(shape, generator=g)
+        expected = F.adaptive_max_pool2d(x[None, None], size)[0, 0]
+        assert digit_cleanup.cell_max(x, size).equal(expected), (shape, size)
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.001, 0.01, 0.015, 0.02, 0.05, 0.2])
+def test_ink_cut_is_max_of_min_contrast_and_5_grains(noise):
+    ## ink_cut() skips grain()'s median when a count shows the grain is too small to matter;
+    ## at every noise level, on either side of where it starts to matter, the cut is the same.
+    g = torch.Generator().manual_seed(2)
+    x = (0.8 + noise * torch.randn(200, 300, generator=g)).clamp(0, 1)
+    assert digit_cleanup.ink_cut(x) == max(digit_cleanup.MIN_CONTRAST,
+                                           5 * digit_cleanup.grain(x))
