@@ -100,6 +100,22 @@ def test_transparency_and_exif_rotation_are_respected(tmp_path):
         assert (x - reference).abs().mean() < 0.02, name
 
 
+def test_an_opaque_alpha_channel_changes_nothing_and_one_clear_pixel_is_put_on_white(tmp_path):
+    ## load_gray() skips the compositing on white when every pixel is opaque: the same gray as
+    ## without an alpha channel, while a single transparent pixel still gets the white paper.
+    img = digit_picture(2, paper=(200, 200, 200), ink=(0, 0, 0))
+    img.save(tmp_path / "rgb.png")
+    img.convert("RGBA").save(tmp_path / "opaque.png")
+    rgba = img.convert("RGBA")
+    rgba.putpixel((0, 0), (0, 0, 0, 0))  # transparent, and black underneath
+    rgba.save(tmp_path / "one_clear.png")
+    rgb = digit_cleanup.load_gray(tmp_path / "rgb.png")
+    assert digit_cleanup.load_gray(tmp_path / "opaque.png").equal(rgb)
+    one_clear = digit_cleanup.load_gray(tmp_path / "one_clear.png")
+    assert one_clear[0, 0] == 1 and rgb[0, 0] == 200 / 255
+    assert one_clear[1:].equal(rgb[1:]) and one_clear[0, 1:].equal(rgb[0, 1:])
+
+
 # reading every kind of picture ------------------------------------------------------------------
 def reference_digit():
     return digit_of(to_gray(digit_picture(2, paper=(255, 255, 255), ink=(0, 0, 0))))
