@@ -21,8 +21,9 @@ picture beside the 28x28 image the model saw and captioned with the model that m
 to --misses (real_misses.png unless told otherwise; '' for none). --load runs a second process
 with the same clean-up loop during the timing, to show how the clean-up behaves on a busy
 machine. --compare-with times another version's clean-up in the same rounds, alternated with
-this one, so that a busy moment of the machine hits both alike: a digit_cleanup.py, or the
-predict.py of a version from before the clean-up had a module of its own.
+this one picture by picture, so that a busy moment of the machine hits both alike: a
+digit_cleanup.py, or the predict.py of a version from before the clean-up had a module of its
+own.
 
 Pictures that are not yours stay out of the repository: write --misses outside it, or to the
 default name, which .gitignore leaves out.
@@ -258,11 +259,19 @@ def speed_only(args) -> None:
         time.sleep(3)  # let it import torch and start its loop
     try:
         for round_ in range(1, args.rounds + 1):
-            seconds = [clean_up(p)[2] for p in pictures]
+            seconds, theirs = [], []
+            for i, p in enumerate(pictures):
+                ## With another version: both on each picture, one right after the other, the
+                ## order swapped from picture to picture, so that the machine's busy moments
+                ## (they last seconds) fall on both alike.
+                if other is not None and i % 2:
+                    theirs.append(other_time(other, p))
+                seconds.append(clean_up(p)[2])
+                if other is not None and not i % 2:
+                    theirs.append(other_time(other, p))
             print(f"round {round_}{' (with a second process)' if load else ''}: "
                   + speed_report(seconds), flush=True)
             if other is not None:
-                theirs = [other_time(other, p) for p in pictures]
                 print(f"  {args.compare_with}: {speed_report(theirs)}\n  this clean-up is "
                       f"{statistics.median(theirs) / statistics.median(seconds):.1f}x as fast "
                       f"at the median, {max(theirs) / max(seconds):.1f}x at the slowest",
