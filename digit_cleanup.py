@@ -468,13 +468,14 @@ def ink_cut(x: torch.Tensor) -> float:
     grain on paper grainier than that (max(MIN_CONTRAST, 5 * grain(x)))."""
     ## grain() takes a median, a partial sort of every pixel: 3-7 ms on a 640-px picture. It
     ## matters only when it is above MIN_CONTRAST / 5, and it seldom is (on the README's real
-    ## pictures, in 9 calls of 1,218, all on photos). Whether the median step lies below a
-    ## level is a count, one pass: more than half of the steps at or below it (torch's median
-    ## of an even number of values is the lower middle one, hence (n - 1) // 2). The level is
-    ## 0.9 times the step that would matter, so that rounding cannot tip the answer: the
-    ## result is max(MIN_CONTRAST, 5 * grain(x)) to the last bit either way.
+    ## pictures, in 9 calls of 1,218, all on photos). Whether the median step lies at or below
+    ## a level is a count, one pass: at least (n - 1) // 2 + 1 of the n steps at or below it
+    ## (torch's median of an even number of values is the lower middle one, the value
+    ## (n - 1) // 2 places up from the smallest). The level is 0.9 times the step that would
+    ## matter, so that rounding cannot tip the answer: the result is max(MIN_CONTRAST,
+    ## 5 * grain(x)) to the last bit either way.
     steps = x.flatten().diff().abs()
-    level = 0.9 * (MIN_CONTRAST / 5) * math.sqrt(2) / 1.4826  # grain() with this median step
+    level = 0.9 * (MIN_CONTRAST / 5) * math.sqrt(2) / 1.4826  # median step: 5 * grain = 0.9 x
     if int((steps <= level).sum()) > (steps.numel() - 1) // 2:
         return MIN_CONTRAST
     return max(MIN_CONTRAST, 5 * grain(x))
@@ -867,15 +868,15 @@ def window_max(x: torch.Tensor, height: int, width: int | None = None) -> torch.
 
 
 def cell_max(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """The maximum of each cell when a 2-D x is cut into size[0] x size[1] cells (cells that
-    overlap by a pixel where the sizes do not divide): F.adaptive_max_pool2d(x[None, None],
-    size)[0, 0]."""
-    ## adaptive_max_pool2d visits every cell's whole window; taking the maximum along the rows
-    ## first, then down the columns, is 2-3.5x faster on a picture of several hundred pixels
-    ## (one thread, Intel Xeon), and a maximum comes out the same whatever the order. Along a
-    ## side of n pixels, cell i covers pixels floor(i * n / cells) to ceil((i + 1) * n / cells)
-    ## - 1, as PyTorch cuts them; a cell shorter than the longest repeats its last pixel,
-    ## which changes no maximum.
+    """The maximum of each cell when a 2-D x is cut into size[0] x size[1] cells, as
+    F.adaptive_max_pool2d(x[None, None], size)[0, 0] cuts it (neighbouring cells may share a
+    pixel, and with more cells than pixels, pixels repeat)."""
+    ## adaptive_max_pool2d visits every cell's whole window; taking the maximum over each
+    ## cell's rows (dim 0) first, then over its columns (dim 1), is 2-3.5x faster on a picture
+    ## of several hundred pixels (one thread, Intel Xeon), and a maximum comes out the same
+    ## whatever the order. Along a side of n pixels, cell i covers the pixels from
+    ## floor(i * n / cells) up to but not including ceil((i + 1) * n / cells), as PyTorch cuts
+    ## them; a cell shorter than the longest repeats its last pixel, which changes no maximum.
     for dim, cells in enumerate(size):
         n = x.shape[dim]
         i = torch.arange(cells)

@@ -1,6 +1,7 @@
 """digit_cleanup.py: any picture in, a 28 x 28 MNIST-style digit out (or a warning)."""
 
 import io
+import math
 import os
 import re
 from pathlib import Path
@@ -801,3 +802,21 @@ def test_ink_cut_is_max_of_min_contrast_and_5_grains(noise):
     x = (0.8 + noise * torch.randn(200, 300, generator=g)).clamp(0, 1)
     assert digit_cleanup.ink_cut(x) == max(digit_cleanup.MIN_CONTRAST,
                                            5 * digit_cleanup.grain(x))
+
+
+def test_ink_cut_counts_the_median_step_exactly_at_the_edges():
+    ## Pictures whose neighbour steps are chosen: the shortcut must not answer MIN_CONTRAST
+    ## when the median step is just past the point where the grain matters, nor when just
+    ## under half of the steps (4 of 10: torch's median is the 5th smallest) are below it.
+    def with_steps(steps):
+        values = [0.5]
+        for i, step in enumerate(steps):
+            values.append(values[-1] + (step if i % 2 else -step))
+        return torch.tensor([values])
+
+    matters = digit_cleanup.MIN_CONTRAST / 5 * math.sqrt(2) / 1.4826  # the median step there
+    for steps in ([1.02 * matters] * 10, [0.0] * 4 + [0.2] * 6):
+        x = with_steps(steps)
+        expected = 5 * digit_cleanup.grain(x)
+        assert expected > digit_cleanup.MIN_CONTRAST
+        assert digit_cleanup.ink_cut(x) == expected
