@@ -238,6 +238,7 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
                             "another server of this page: pass --port with another number, "
                             f"such as --port {port + 1 if port < 65535 else 8001}") from err
         raise
+    server.one_at_a_time = one_at_a_time  # serve() waits on it at Ctrl-C
     return server
 
 
@@ -310,3 +311,10 @@ def serve(server: ThreadingHTTPServer, host: str) -> None:
         server.serve_forever()
     finally:
         server.server_close()
+        ## Ctrl-C may come while a request's thread is classifying a picture. Python stops
+        ## such (daemon) threads at exit wherever they are, and one stopped inside torch's C++
+        ## code aborts the whole process ("terminate called without an active exception")
+        ## instead of letting it end with one line. So: wait for that picture (at most 30 s),
+        ## and keep the lock, so that no other starts. (Python 3.14 no longer stops them so:
+        ## https://github.com/python/cpython/issues/87135.)
+        server.one_at_a_time.acquire(timeout=30)

@@ -295,6 +295,40 @@ def test_serve_prints_the_address_and_ctrl_c_ends_it_with_one_line(trained_check
     assert proc.returncode == 130 and err.strip() == "interrupted: stopped."
 
 
+## predict.py --serve, with a clean-up slowed down to 2 s of torch work that says when it starts.
+SLOW_CLEAN_UP = """
+import runpy, sys, time
+import torch
+import digit_cleanup
+real = digit_cleanup.preprocess
+def slow(gray):
+    print("classifying", flush=True)
+    x, end = torch.ones(300, 300), time.monotonic() + 2
+    while time.monotonic() < end:
+        x = (x @ x).clamp(max=1)
+    return real(gray)
+digit_cleanup.preprocess = slow
+sys.argv = ["predict.py", "--serve", "--port", "0", "--checkpoint", sys.argv[1]]
+runpy.run_path("predict.py", run_name="__main__")
+"""
+
+
+def test_ctrl_c_while_a_picture_is_classified_waits_for_it_and_ends_with_one_line(
+        trained_checkpoint):
+    ## Python stops a request's thread at exit wherever it is; stopped inside torch's C++ code,
+    ## it aborted the process ("terminate called without an active exception", code -6).
+    proc = start([sys.executable, "-u", "-c", SLOW_CLEAN_UP, str(trained_checkpoint)], cwd=REPO,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline().split(":")[2].split("/")[0])
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(request, port, "POST", "/predict", drawn(2))
+        assert proc.stdout.readline().strip() == "classifying"
+        press_ctrl_c(proc)
+        _, err = proc.communicate(timeout=60)
+        assert (proc.returncode, err.strip()) == (130, "interrupted: stopped.")
+        answer.exception(timeout=60)  # answered or cut off: either is fine for the page
+
+
 def test_the_page_can_be_served_on_ipv6s_loopback_too(trained_checkpoint):
     try:
         server = digit_server.make_server("::1", 0, lambda body: {}, {"model": "mlp"})
