@@ -843,8 +843,9 @@ def plain_28x28(gray: torch.Tensor) -> torch.Tensor:
 
 # the same numbers as three torch functions, in less time ------------------------------------
 ## The clean-up calls torch many times on small tensors, where some functions spend more time
-## on their general machinery than on the pixels. These three give exactly the same numbers
-## (the tests check it) in a fraction of the time.
+## on their general machinery than on the pixels, and adaptive_max_pool2d is slow on big ones
+## too. These three give exactly the same numbers (the tests check it) in a fraction of the
+## time.
 def window_max(x: torch.Tensor, height: int, width: int | None = None) -> torch.Tensor:
     """Each pixel's maximum over the height x width window centred on it (odd sizes; width
     defaults to height): F.max_pool2d(x[None, None], (height, width), 1, (height // 2,
