@@ -7,12 +7,14 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text()
+USING_COMMON = (REPO / "docs" / "using-common.md").read_text()
 
 
-def python_block_after(marker: str) -> str:
-    """The first ```python block that follows `marker` in the README."""
-    return re.search(r"```python\n(.*?)```", README[README.index(marker):], re.S).group(1)
+def python_block_after(marker: str, text: str = USING_COMMON) -> str:
+    """The first ```python block that follows `marker` in `text` (docs/using-common.md)."""
+    return re.search(r"```python\n(.*?)```", text[text.index(marker):], re.S).group(1)
 
 
 def test_the_tensor_snippet_prints_what_its_comments_say(capsys):
