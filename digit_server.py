@@ -31,8 +31,6 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from digit_cleanup import ImageProblem
-
 PAGE = Path(__file__).resolve().with_name("draw_a_digit.html")
 MAX_BODY = 20 * 1024 * 1024  # bytes: a big phone photo is 5-10 MB
 ROUTES = {"/": ("GET",), "/model": ("GET",), "/predict": ("POST",)}
@@ -44,7 +42,8 @@ class PortInUse(Exception):
 
 def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: dict,
                 debug: bool = False) -> ThreadingHTTPServer:
-    """A server (not yet serving) for the page; `answer(picture bytes)` gives the JSON result."""
+    """A server (not yet serving) for the page; `answer(picture bytes)` gives the JSON result,
+    or {"error": why} for a file that is not a readable picture."""
     if not PAGE.is_file():  # a copy of the repo without it: say so, not "cannot listen"
         raise FileNotFoundError(f"the page {PAGE} is missing: restore it from the repository")
     page = PAGE.read_bytes()  # read once: what is served cannot change while it runs
@@ -126,9 +125,6 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
                 try:
                     with one_at_a_time:
                         result = answer(body)
-                except ImageProblem as err:  # not a picture, or a damaged one
-                    self.reply_json(HTTPStatus.BAD_REQUEST, {"error": f"the picture {err}"})
-                    return
                 except Exception as err:  # a bug: one line here, and the server goes on
                     print(f"error: unexpected {type(err).__name__} while classifying a picture: "
                           f"{str(err).splitlines()[0] if str(err) else ''}", file=sys.stderr)
@@ -140,7 +136,7 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
                     return
             finally:
                 uploads.release()
-            self.reply_json(HTTPStatus.OK, result)
+            self.reply_json(HTTPStatus.BAD_REQUEST if "error" in result else HTTPStatus.OK, result)
 
         def read_body(self, size: int) -> bytes | None:
             """The body's bytes (fewer if the client closed early), or None if they do not all

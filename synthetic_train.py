@@ -24,34 +24,15 @@ exceeds a limit, against sudden spikes), optional in the MNIST script, is always
 --clip-grad sets the limit.
 """
 
-import gc
 import math
-import signal
 import sys
 
-## Speed only: the cycle collector is paused while torch loads, and torch's objects are then
-## frozen out of its sight (see mnist_train.py).
-if __name__ == "__main__":
-    gc.disable()
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
-## Ctrl-C while these load (`import torch` takes a second or two) ends the script with one
-## line, as Ctrl-C does later, instead of a traceback from deep inside torch.
-try:
-    import torch
-    from torch import nn
-    from torch.utils.data import DataLoader, Dataset
-
-    import common
-    from common import positive, seed_number, worker_count  # argparse types
-except KeyboardInterrupt:
-    if __name__ != "__main__":  # imported (a notebook, the tests): the importer handles it
-        raise
-    print("\ninterrupted: stopped while starting up.", file=sys.stderr)
-    sys.exit(130)
-finally:
-    if __name__ == "__main__":  # speed only (see above): freeze what loaded, collector on
-        gc.freeze()
-        gc.enable()
+import common
+import safeguards
 
 
 # 1. data ------------------------------------------------------------------------------------
@@ -110,33 +91,27 @@ def init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-def main() -> None:
-    ## allow_abbrev=False: a shortened flag such as --epoch is not taken silently for --epochs;
-    ## common.ArgumentParser answers it with "did you mean --epochs?" instead.
-    parser = common.ArgumentParser(description=__doc__.split("\n")[0],
-                                   formatter_class=common.HelpFormatter, allow_abbrev=False)
-    ## positive(int) (common.py) refuses 0, negatives, nan and inf with a clear line;
-    ## worker_count and seed_number accept 0 too.
-    parser.add_argument("--epochs", type=positive(int), default=10, help="passes over the data")
-    parser.add_argument("--batch-size", type=positive(int), default=64,
-                        help="samples per training step")
-    parser.add_argument("--lr", type=positive(float), default=1e-3,
-                        help="peak learning rate, after warmup")
-    parser.add_argument("--warmup-epochs", type=float, default=1.0,
-                        help="epochs over which the learning rate climbs to --lr")
-    parser.add_argument("--clip-grad", type=positive(float), default=1.0, help="max gradient norm")
-    parser.add_argument("--samples", type=positive(int), default=8000, help="training samples")
-    parser.add_argument("--input-dim", type=positive(int), default=20, help="numbers per sample")
-    parser.add_argument("--hidden-dim", type=positive(int), default=64,
-                        help="units of the hidden layer")
-    parser.add_argument("--num-classes", type=int, default=4, help="classes to tell apart")
-    ## 0: batches are made in this process. A ClusterDataset item is one row of a tensor that
-    ## is already in memory, far cheaper than starting and feeding worker processes.
-    parser.add_argument("--num-workers", type=worker_count, default=0,
-                        help="DataLoader worker processes")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps, xpu")
-    parser.add_argument("--seed", type=seed_number, default=0, help="same seed, same run")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    parser = safeguards.ArgumentParser(description=__doc__.split("\n")[0])
+    positive, add = safeguards.positive, parser.add_argument
+    add("--epochs", type=positive(int), default=10, help="passes over the data")
+    add("--batch-size", type=positive(int), default=64, help="samples per training step")
+    add("--lr", type=positive(float), default=1e-3, help="peak learning rate, after warmup")
+    add("--warmup-epochs", type=float, default=1.0,
+        help="epochs over which the learning rate climbs to --lr")
+    add("--clip-grad", type=positive(float), default=1.0, help="max gradient norm")
+    add("--samples", type=positive(int), default=8000, help="training samples")
+    add("--input-dim", type=positive(int), default=20, help="numbers per sample")
+    add("--hidden-dim", type=positive(int), default=64, help="units of the hidden layer")
+    add("--num-classes", type=int, default=4, help="classes to tell apart")
+    ## 0: batches are made in this process. A sample here is one row of a tensor already in
+    ## memory, far cheaper than starting and feeding worker processes.
+    add("--num-workers", type=safeguards.number_from(0, 64), default=0,
+        help="DataLoader worker processes")
+    add("--device", default="auto", help="auto, cpu, cuda, mps, xpu")
+    add("--seed", type=safeguards.number_from(0, 2**32 - 1), default=0,
+        help="same seed, same run")
+    args = parser.parse_args(argv)
     if args.samples < 4:  # a quarter of --samples is the validation set
         parser.error("--samples must be at least 4")
     if not 0 <= args.warmup_epochs <= args.epochs:
@@ -183,36 +158,26 @@ def main() -> None:
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine)
-    ## Speed only (see mnist_train.py): building Adam imported torch._dynamo; freeze it too.
-    gc.freeze()
 
     # 5. training loop ---------------------------------------------------------------------------
     chance = 1 / args.num_classes
     print(f"{len(train_set)} train / {len(val_set)} val samples, {args.num_classes} classes "
           f"(chance accuracy {chance:.2f}), device {device}")
     for epoch in range(1, args.epochs + 1):
-        train_loss = common.train_one_epoch(model, train_loader, criterion, optimizer, device,
-                                            epoch=epoch, clip_grad=args.clip_grad,
-                                            scheduler=scheduler, log=None)
+        try:
+            train_loss = common.train_one_epoch(model, train_loader, criterion, optimizer, device,
+                                                epoch=epoch, clip_grad=args.clip_grad,
+                                                scheduler=scheduler, log=None)
+        except FloatingPointError as err:  # the loss became NaN or inf: one line, exit code 1
+            print(f"error: {err} With this script: a lower --lr, or a smaller --clip-grad.",
+                  file=sys.stderr)
+            return 1
         val_loss, val_acc = common.evaluate(model, val_loader, criterion, device)
         lr = optimizer.param_groups[0]["lr"]  # after this epoch's last step: 0 at the very end
         print(f"epoch {epoch:2d}/{args.epochs} | lr {lr:.6f} | train loss {train_loss:.4f} | "
               f"val loss {val_loss:.4f} | val acc {val_acc:.4f}")
+    return 0
 
 
 if __name__ == "__main__":
-    if hasattr(signal, "SIGBREAK"):  # Windows: Ctrl-Break (and CTRL_BREAK_EVENT) as Ctrl-C
-        signal.signal(signal.SIGBREAK, signal.default_int_handler)
-    try:
-        main()
-    except FloatingPointError as err:  # the loss became NaN or inf: say so in one line
-        sys.exit(f"error: {err} With this script: a lower --lr, or a smaller --clip-grad.")
-    except KeyboardInterrupt:  # Ctrl-C: one line, and the exit code a shell expects
-        print("\ninterrupted: stopped.", file=sys.stderr)
-        sys.exit(130)
-    except OSError as err:  # `| head` had read enough, or a full disk: training stops with it
-        if (why := common.output_failure(err)) is None:
-            raise
-        common.output_closed(f"stopped: {why}.")
-        sys.exit(1)
-    sys.exit(common.flush_output(0))  # flushed here: `| head` gets no traceback at exit
+    safeguards.run_script(main)

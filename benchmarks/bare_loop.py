@@ -4,7 +4,7 @@
 
 benchmarks/bench_pipeline.py --end-to-end runs it beside classic_mnist.py and mnist_train.py.
 It pays what every PyTorch training script pays, and nothing else: starting Python, `import
-torch` (with mnist_train.py's pause of the cycle collector), building the same model and the
+torch`, building the same model and the
 same fused Adam (whose first use imports torch._dynamo, PyTorch's compiler), and 860 steps of
 64 samples per epoch. Its data are random tensors already in memory: no files are read, and
 nothing is evaluated, saved or printed. So mnist_train.py's time minus this one is what its
@@ -13,24 +13,15 @@ its pictures), and
 classic_mnist.py's time divided by this one is the largest speed-up any script could show.
 """
 
-import gc
+import argparse
 import sys
+from pathlib import Path
 
-if __name__ == "__main__":
-    gc.disable()  # as mnist_train.py does while torch loads (README, "Start-up")
-try:
-    import argparse
-    from pathlib import Path
+import torch
+from torch import nn
 
-    import torch
-    from torch import nn
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import common
-finally:
-    if __name__ == "__main__":
-        gc.freeze()
-        gc.enable()
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import common
 
 
 def floor_epoch(model, inputs, targets, criterion, optimizer, batch_size):
@@ -49,7 +40,7 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(common.MODELS), default="mlp")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
-    torch.set_flush_denormal(True)  # as mnist_train.py's setup_system does, before any maths
+    torch.set_flush_denormal(True)  # as mnist_train.py's setup() does, before any maths
     try:
         device = common.get_device(args.device)
     except ValueError as err:
@@ -60,7 +51,6 @@ def main() -> None:
     criterion = nn.CrossEntropyLoss()
     inputs = torch.randn(55_000, 1, 28, 28, device=device)
     targets = torch.randint(0, 10, (55_000,), device=device)
-    gc.freeze()  # as mnist_train.py does once its setup is done
     for _ in range(args.epochs):
         floor_epoch(model, inputs, targets, criterion, optimizer, 64)  # 860 batches
     if device.type != "cpu":

@@ -15,8 +15,8 @@ shared machine hits all of them alike:
   (c) floor      the same model and optimizer as (b) on random tensors already in memory, sliced
                  in order: what training costs with no data pipeline at all
   (d) floor on MNIST: the same as (c) on (b)'s normalised MNIST images, sliced in order.
-                 Training on real images makes denormal numbers, slow on some CPUs (README,
-                 "Denormal numbers"); flushed, as here, (d) costs what (c) does. (b)/(d) is the
+                 Training on real images makes denormal numbers, slow on some CPUs
+                 (docs/speed.md); flushed, as here, (d) costs what (c) does. (b)/(d) is the
                  pipeline's own cost
 Each pipeline's time is the median of its epochs after the first (which includes warm-up), and
 each ratio is the median of the per-epoch ratios: a median, so that one quiet or one busy
@@ -53,6 +53,7 @@ from bare_loop import floor_epoch
 from classic_mnist import classic_loaders, classic_test, classic_train_epoch
 
 import common
+import safeguards
 
 
 def timed(device, fn, *args, **kwargs):
@@ -221,15 +222,15 @@ def main():
     parser.add_argument("--data-dir", default="./data")
     parser.add_argument("--model", choices=sorted(common.MODELS), default="mlp")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--epochs", type=common.positive(int), default=5,
+    parser.add_argument("--epochs", type=safeguards.positive(int), default=5,
                         help="epochs of each pipeline (or script, with --end-to-end); the median "
                              "of the epoch-by-epoch ratios (from epoch 2 on) is compared")
-    parser.add_argument("--chunk", type=common.positive(int), default=None, metavar="STEPS",
+    parser.add_argument("--chunk", type=safeguards.positive(int), default=None, metavar="STEPS",
                         help="time (b), (c) and (d) only, alternated every STEPS training steps "
                              "instead of every epoch, for --epochs epochs' worth of steps; the "
                              "first epoch's worth is warm-up")
     parser.add_argument("--end-to-end", action="store_true")
-    parser.add_argument("--rounds", type=common.positive(int), default=3,
+    parser.add_argument("--rounds", type=safeguards.positive(int), default=3,
                         help="--end-to-end: how many alternated rounds of runs (classic, "
                              "ours, the bare loop)")
     args = parser.parse_args()

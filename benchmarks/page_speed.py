@@ -22,7 +22,7 @@ from playwright.sync_api import sync_playwright
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from samples.draw_samples import STROKES
+from benchmarks.draw_samples import STROKES
 
 
 def main() -> None:

@@ -115,7 +115,7 @@ def score(args) -> None:
     try:
         models = [(Path(c).stem, *common.load_model(c)) for c in args.checkpoint]
     except common.CheckpointError as err:
-        sys.exit(f"error: {common.sentence(str(err))} Train one with mnist_train.py, or pass "
+        sys.exit(f"error: {str(err).rstrip('.')}. Train one with mnist_train.py, or pass "
                  "--checkpoint")
     rows, seconds, warned = [], [], []
     for path, label in pictures:
@@ -160,12 +160,12 @@ def score(args) -> None:
         print(f"| {name} | " + " | ".join(cells) + " |")
     print(f"\npictures with a warning: {len(warned)}")
     for line in warned:  # say(): a file name the terminal cannot show becomes an escape
-        common.say(f"  {line}", sys.stdout)
+        predict.say(f"  {line}", sys.stdout)
     print(speed_report(seconds))
     misses = [(r, name) for r in rows for name in names if r["guesses"][name] != r["label"]]
     if args.errors:
         for r, name in misses:
-            common.say(f"{name}: {r['path'].name} ({r['kind']}) is {r['label']}, read as "
+            predict.say(f"{name}: {r['path'].name} ({r['kind']}) is {r['label']}, read as "
                         f"{r['guesses'][name]}", sys.stdout)
     if args.misses and misses:
         draw_misses(misses, Path(args.misses))

@@ -13,7 +13,7 @@ from helpers import digit_picture, posix_only
 from PIL import Image, ImageDraw, ImageFont
 
 import digit_cleanup
-from samples.draw_samples import draw_digit
+from benchmarks.draw_samples import draw_digit
 
 
 def digit_of(gray):
@@ -570,7 +570,7 @@ def test_real_mnist_digits_are_not_taken_for_specks(monkeypatch):
     root = os.environ.get("MNIST_DATA_DIR")
     if not (root and Path(root, "MNIST", "raw").is_dir()):
         pytest.skip("set MNIST_DATA_DIR to a folder containing MNIST/raw to check real digits")
-    images, _ = common.load_mnist(root, train=False, download=False)
+    images, _ = common.load_mnist(root, train=False)
     ## The thinnest of MNIST's own pictures are recognised as MNIST and skip the clean-up; a
     ## photo of them would not.
     monkeypatch.setattr(digit_cleanup, "already_mnist", lambda gray: False)  # the whole clean-up
@@ -590,7 +590,7 @@ def test_the_boldest_real_mnist_digits_are_not_taken_for_dots(monkeypatch):
     root = os.environ.get("MNIST_DATA_DIR")
     if not (root and Path(root, "MNIST", "raw").is_dir()):
         pytest.skip("set MNIST_DATA_DIR to a folder containing MNIST/raw to check real digits")
-    images, _ = common.load_mnist(root, train=False, download=False)
+    images, _ = common.load_mnist(root, train=False)
     boldest = images[(images > 127).sum((1, 2)).argsort(descending=True)[:100]]
     monkeypatch.setattr(digit_cleanup, "already_mnist", lambda gray: False)
     for image in boldest:
@@ -746,9 +746,9 @@ def test_components_finds_exactly_the_regions_a_flood_fill_finds():
 
 
 def test_the_sample_pictures_are_what_their_script_draws_and_each_holds_one_digit():
-    from samples import draw_samples
+    from benchmarks import draw_samples
 
-    folder = Path(draw_samples.__file__).parent
+    folder = Path(draw_samples.__file__).parent.parent / "samples"
     drawn = draw_samples.samples()
     assert sorted(drawn) == sorted(p.name for p in folder.iterdir()
                                    if p.suffix in (".png", ".jpg"))

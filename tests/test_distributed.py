@@ -54,7 +54,7 @@ def test_printed_metrics_are_those_of_the_whole_validation_set(two_process_run, 
     _, save_path = two_process_run
     model, checkpoint = common.load_model(save_path)
     images, labels = common.load_mnist(tiny_mnist, train=True)
-    _, val_idx = mnist_train.split_indices(len(labels), 201, seed=42)
+    val_idx = torch.randperm(len(labels), generator=torch.Generator().manual_seed(42))[:201]
     x = common.normalize_images(images[val_idx], checkpoint["mean"], checkpoint["std"])
     loss, acc = common.evaluate(model, [(x, labels[val_idx])], torch.nn.CrossEntropyLoss(), "cpu")
     rows = read_csv(save_path.with_suffix(".csv"))
@@ -86,22 +86,22 @@ def test_two_processes_with_batch_b_match_one_process_with_batch_2b(two_process_
 def test_leaving_the_process_group_stops_gloos_threads():
     ## A thread of gloo still running while Python shuts down can abort a finished run at exit.
     ## Creating the optimizer imports torch.distributed.nn after the group exists; without the
-    ## early import in common.init_distributed, that module would keep the group, and its
-    ## threads, alive after cleanup_distributed(). The script prints the names of its threads
+    ## early import in safeguards.init_distributed, that module would keep the group, and its
+    ## threads, alive after leave_distributed(). The script prints the names of its threads
     ## (Linux keeps each one's in /proc/self/task/<id>/comm). One process: no torchrun needed.
     with socket.socket() as s:  # a free port for the group's rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     script = (
-        "import os, torch, common, mnist_train\n"
-        "rank, world, device = common.init_distributed(torch.device('cpu'))\n"
+        "import os, torch, common, mnist_train, safeguards\n"
+        "rank, world, device = safeguards.init_distributed(torch.device('cpu'))\n"
         "model = common.build_model('mlp')\n"
         "optimizer = mnist_train.make_optimizer('adam', model.parameters(), 1e-3, device)\n"
-        "ddp = mnist_train.prepare_for_training(model, False, world, device)\n"
+        "ddp = safeguards.ddp(model, device)\n"
         "ddp(torch.randn(4, 1, 28, 28)).sum().backward()\n"
         "optimizer.step()\n"
         "del ddp, model, optimizer\n"
-        "common.cleanup_distributed()\n"
+        "safeguards.leave_distributed(wait=True)\n"
         "print(sorted(open(f'/proc/self/task/{t}/comm').read().strip()\n"
         "             for t in os.listdir('/proc/self/task')))\n")
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",

@@ -14,7 +14,7 @@ import pytest
 from helpers import digit_picture
 
 import predict
-from samples.draw_samples import STROKES
+from benchmarks.draw_samples import STROKES
 
 pytest.importorskip("playwright.sync_api", reason="the browser test needs Playwright: "
                     "pip install playwright (the browser itself comes from the system)")

@@ -2,7 +2,6 @@ import math
 
 import pytest
 import torch
-from helpers import press_ctrl_c, start
 from torch import nn
 
 import synthetic_train
@@ -30,8 +29,7 @@ def test_simple_classifier_uses_xavier_init_and_zero_bias():
 
 def test_training_lowers_the_loss_and_raises_accuracy_with_warmup_then_cosine(monkeypatch,
                                                                               capsys):
-    monkeypatch.setattr("sys.argv", ["synthetic_train.py", "--epochs", "6", "--samples", "2000"])
-    synthetic_train.main()
+    assert synthetic_train.main(["--epochs", "6", "--samples", "2000"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("epoch")]
     assert len(lines) == 6
 
@@ -46,33 +44,12 @@ def test_training_lowers_the_loss_and_raises_accuracy_with_warmup_then_cosine(mo
     assert lrs[0] > lrs[2] > lrs[4] > lrs[5] and lrs[5] < 1e-5  # cosine decay towards zero
 
 
-def test_a_diverging_run_ends_with_one_line_and_exit_code_1():
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    proc = subprocess.run([sys.executable, "synthetic_train.py", "--lr", "1e30", "--clip-grad",
-                           "1e30", "--epochs", "1", "--samples", "256"],
-                          cwd=Path(__file__).resolve().parent.parent, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 1
-    assert proc.stderr.startswith("error: the training loss became nan in epoch 1")
-    assert len(proc.stderr.strip().splitlines()) == 1 and "--lr" in proc.stderr
-
-
-def test_ctrl_c_ends_the_run_with_one_line_and_exit_code_130():
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    proc = start([sys.executable, "-u", "synthetic_train.py", "--epochs", "100000",
-                             "--samples", "256"], cwd=Path(__file__).resolve().parent.parent,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().startswith("256 train / 64 val samples")
-    proc.stdout.readline()  # the first epoch has run: interrupt the second
-    press_ctrl_c(proc)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130 and err.strip() == "interrupted: stopped."
+def test_a_diverging_run_ends_with_one_line_and_exit_code_1(capsys):
+    assert synthetic_train.main(["--lr", "1e30", "--clip-grad", "1e30", "--epochs", "1",
+                                 "--samples", "256"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: the training loss became nan in epoch 1")
+    assert len(err.strip().splitlines()) == 1 and "--lr" in err
 
 
 @pytest.mark.parametrize("args, message", [
@@ -89,13 +66,11 @@ def test_ctrl_c_ends_the_run_with_one_line_and_exit_code_130():
     (["--seed", "-1"], "--seed: expected a whole number from 0 to 4294967295, got '-1'"),
 ])
 def test_bad_settings_are_usage_errors_before_any_work(monkeypatch, capsys, args, message):
-    monkeypatch.setattr("sys.argv", ["synthetic_train.py", *args])
     with pytest.raises(SystemExit) as exit_:
-        synthetic_train.main()
+        synthetic_train.main(args)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_a_warmup_as_long_as_the_run_gets_a_note(monkeypatch, capsys):
-    monkeypatch.setattr("sys.argv", ["synthetic_train.py", "--epochs", "1", "--samples", "400"])
-    synthetic_train.main()  # --warmup-epochs is 1 by default
+    synthetic_train.main(["--epochs", "1", "--samples", "400"])  # --warmup-epochs 1: the default
     assert "note: the warmup takes all 1 epochs" in capsys.readouterr().out

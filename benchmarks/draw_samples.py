@@ -1,6 +1,6 @@
 """Draw the sample pictures in this folder from hand-made pen strokes, with no MNIST in them.
 
-    python samples/draw_samples.py          # rewrites samples/*.png and samples/*.jpg
+    python benchmarks/draw_samples.py       # rewrites samples/*.png and samples/*.jpg
     python predict.py samples/*.png samples/*.jpg
 
 Each digit is a few strokes written by hand as points in a unit box (x to the right, y down),
@@ -93,7 +93,7 @@ def samples() -> dict[str, Image.Image]:
 
 
 def main() -> None:
-    folder = Path(__file__).resolve().parent
+    folder = Path(__file__).resolve().parent.parent / "samples"
     for name, img in samples().items():
         img.save(folder / name, quality=85, optimize=True)
         print(f"wrote {folder / name} ({(folder / name).stat().st_size // 1024} kB)")

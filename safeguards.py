@@ -1,0 +1,580 @@
+"""What keeps the scripts working in real use, out of the lesson's way.
+
+The lessons (mnist_train.train, predict.main) read without this file: they call each piece in
+one line. Here is how their promises are kept:
+
+- command lines: a mistyped flag is named, numbers are checked, and what cannot work is refused
+  before any work (UsageError, which argparse reports with exit code 2);
+- a new run never replaces an earlier run's files, and --resume goes on where a run stopped;
+- Ctrl-C, `kill` and a closed output end a script with one line that says what is on disk;
+- torchrun: joining the processes, and summing their numbers;
+- platform rules: 16-bit types per GPU, --compile without a compiler, a GPU PyTorch cannot use.
+
+The scripts import this module, and it imports common.py, never the other way round. It knows
+no script's flags or file names: the scripts hand them over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import errno
+import importlib.util
+import math
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import common
+
+
+class UsageError(Exception):
+    """A command line that cannot work, found after parsing: reported as argparse's errors are."""
+
+
+# command lines --------------------------------------------------------------------------------
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with each real default in --help, no silent abbreviations (--epoch is
+    not taken for --epochs), and "did you mean --epochs?" for a flag it does not know."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(formatter_class=HelpFormatter, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        flags = [o for action in self._actions for o in action.option_strings]
+        for word in message.split()[2:] if message.startswith("unrecognized arguments") else []:
+            if (typed := word.split("=")[0]) == "--":  # what follows "--" is not a flag
+                break
+            meant = typed.startswith("--") and ([f for f in flags if f.startswith(typed)]
+                                                or difflib.get_close_matches(typed, flags, 1, 0.8))
+            if meant:
+                message += f" (did you mean {' or '.join(meant)}?)"
+                break
+        super().error(message)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default in --help, except None and False, which say nothing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def positive(kind: type) -> Callable[[str], int | float]:
+    """argparse type: a positive, finite int or float, small enough for PyTorch's sizes and
+    float32's range."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive{' whole' * (kind is int)} "
+                                             f"number, got {text!r}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, got {text}")
+        if value > (2**31 - 1 if kind is int else 1e30):
+            limit = 2**31 - 1 if kind is int else "1e30"
+            raise argparse.ArgumentTypeError(f"must be at most {limit}, got {text}")
+        return value
+    return parse
+
+
+def number_from(low: int, high: int) -> Callable[[str], int]:
+    """argparse type: a whole number from `low` to `high`."""
+    def parse(text: str) -> int:
+        if not (text.isascii() and text.isdigit() and low <= int(text) <= high):
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high}, "
+                                             f"got {text!r}")
+        return int(text)
+    return parse
+
+
+def file_path(text: str) -> Path:
+    """argparse type: the path of a file, not of a folder (checked as typed: Path drops the
+    slash of "checkpoints/", and Path("") is ".")."""
+    if text.endswith(("/", os.sep)) or Path(text).name in ("", ".", ".."):
+        raise argparse.ArgumentTypeError(f"{text!r} names a folder, not a file: give a file's "
+                                         "name, such as checkpoints/model.pt")
+    return Path(text)
+
+
+def check_outputs(files: dict[str, Path], log_flag: str, log_dir: str | None) -> None:
+    """Refuse (UsageError), before any work, files that cannot be written where they are to go,
+    and a log folder that is one of them. `files`: {what the message calls it: path}."""
+    same = [os.path.abspath(p).casefold() for p in files.values()]  # m.CSV is m.csv on Windows
+    if len(set(same)) < len(same):  # --save-path m.csv: the metrics would be written over it
+        what, path = next(iter(files.items()))
+        raise UsageError(f"{what} {path}: the run's other files would be written over it; give "
+                         "it another suffix, such as .pt")
+    for what, path in files.items():
+        if problem := check_output_file(path):
+            raise UsageError(f"{what} {path}: {problem}")
+    if log_dir is None:
+        return
+    if not log_dir.strip() or os.path.abspath(log_dir).casefold() in same:
+        raise UsageError(f"{log_flag} {log_dir!r}: give it a folder of its own, such as runs/mnist")
+    if importlib.util.find_spec("tensorboard") is None:
+        raise UsageError(f"{log_flag} needs the tensorboard package: pip install tensorboard")
+    if problem := check_output_dir(log_dir):
+        raise UsageError(f"{log_flag} {log_dir}: {problem}")
+
+
+def check_output_file(path: str | Path) -> str | None:
+    """Why common.write_atomically cannot write `path`, or None. Creates its folder."""
+    if os.path.isdir(path):
+        return "is a directory; give a file name inside it"
+    if os.path.exists(path) and not os.path.isfile(path):  # /dev/null, a FIFO: never replaced
+        return ("is not a regular file (a device or a pipe), and will not be replaced. To keep "
+                "nothing, save into a temporary folder instead")
+    real = Path(os.path.realpath(path))
+    probe = common.temporary_name(real)  # longer than the name itself: too long for this disk?
+    try:  # permissions, a read-only disk, a quota: only writing tells for sure
+        real.parent.mkdir(parents=True, exist_ok=True)
+        probe.touch(exist_ok=False)
+        probe.unlink()
+    except FileExistsError:
+        return f"{real.parent} exists and is not a folder"
+    except OSError as err:
+        where = "cannot be written" if err.errno == errno.ENAMETOOLONG else (
+            f"cannot write files in {real.parent}")
+        return f"{where}: {err.strerror}"
+    return None
+
+
+def check_output_dir(folder: str | Path) -> str | None:
+    """Why files cannot be written in `folder`, or None. Creates the folder."""
+    return check_output_file(Path(folder, ".write-test"))
+
+
+# the files of a training run, and --resume ---------------------------------------------------
+
+
+class RunFiles:
+    """The files of one training run, and what became of an earlier run's files at its path.
+
+    The checkpoint holds the run's best model and the training state of its last epoch (what
+    --resume goes on from); beside it, the metrics of every epoch (.csv) and the test set's
+    mistakes (_mistakes.png). "Best" is best within one run, so a new run never writes over an
+    earlier one's files: at its first save it renames them, stamped with the time the earlier
+    checkpoint was written (mnist_mlp.pt -> mnist_mlp.2026-12-01_10-05-33.pt). The newest
+    model is then always where predict.py looks.
+    """
+
+    def __init__(self, checkpoint: Path, dry_run: bool = False) -> None:
+        self.checkpoint, self.dry_run = checkpoint, dry_run
+        self.csv = checkpoint.with_suffix(".csv")
+        self.mistakes = checkpoint.with_name(f"{checkpoint.stem}_mistakes.png")
+        self.resumed: dict | None = None  # --resume: the checkpoint this run goes on from
+        self.saved: tuple[int, float] | None = None  # (epoch, val acc) of the best on disk
+        self.last_epoch = 0  # the last epoch whose training state is on disk
+        self.kept: Path | None = None  # where the earlier run's checkpoint was moved
+
+    @contextlib.contextmanager
+    def saving(self, epoch: int, best: tuple[int, float]):
+        """Around an epoch's writes: Ctrl-C waits until they are all done, and at this run's
+        first save an earlier run's files are renamed first (and back if a write fails)."""
+        with stop_signals(hold=True):
+            moves = self.earlier_files() if self.saved is None and not self.resumed else {}
+            done = []
+            try:
+                for old, new in moves.items():
+                    try:
+                        os.replace(old, new)
+                    except OSError as err:
+                        raise common.OutputError(f"could not rename the earlier run's {old}: "
+                                                 f"{err.strerror}. Nothing was replaced") from err
+                    done.append((old, new))
+                yield
+            except BaseException:
+                for old, new in reversed(done):
+                    os.replace(new, old)
+                raise
+            self.saved, self.last_epoch = best, epoch
+            self.kept = moves.get(self.checkpoint, self.kept)
+        if moves:  # said after the writes, which a closed output then cannot stop
+            (old, new), *rest = moves.items()
+            extras = [p.name.removeprefix(self.checkpoint.stem) for p, _ in rest]
+            print(f"an earlier run's files are kept: {old} -> {new}"
+                  + (f", with its {' and '.join(extras)}" if extras else ""))
+
+    def earlier_files(self) -> dict[Path, Path]:
+        """{an earlier run's file: its new, stamped name}, for the files there are."""
+        mine = [p for p in (self.checkpoint, self.csv, self.mistakes) if p.exists()]
+        with contextlib.suppress(common.CheckpointError):  # a damaged file is kept, as any
+            if self.dry_run and mine and mine[0] == self.checkpoint and (
+                    common.load_checkpoint(self.checkpoint).get("training", 1) is None):
+                return {}  # a dry run's (it saves no training state): replaced by a dry run
+        if not mine:
+            return {}
+        stamp = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(mine[0].stat().st_mtime))
+        for n in range(1, 1000):  # two runs saved in the same second: -2, -3, ...
+            name = f"{self.checkpoint.stem}.{stamp}{f'-{n}' if n > 1 else ''}"
+            new = RunFiles(self.checkpoint.with_name(name + self.checkpoint.suffix))
+            if not any(p.exists() for p in (new.checkpoint, new.csv, new.mistakes)):
+                break
+        return {old: n for old, n in zip((self.checkpoint, self.csv, self.mistakes),
+                                         (new.checkpoint, new.csv, new.mistakes)) if old in mine}
+
+    def track(self, settings: list[str], **objects) -> None:
+        """What --resume saves after each epoch and puts back: the run's settings as command-line
+        words, and the objects with a state_dict() (the model, the optimizer... or None)."""
+        self.settings, self.objects = settings, objects
+
+    def training_state(self, epoch: int, history: list) -> dict | None:
+        """What --resume needs to go on after `epoch` as if never stopped (a dry run: none)."""
+        return None if self.dry_run else {
+            "epoch": epoch, "history": history, "settings": self.settings,
+            "rng": torch.get_rng_state(),
+            **{name: thing.state_dict() for name, thing in self.objects.items() if thing}}
+
+    def restore(self) -> tuple[float, int, dict | None, list]:
+        """With --resume, put the saved state back. Return the best accuracy, its epoch and
+        weights, and the history of the epochs trained (without --resume: none yet)."""
+        if not self.resumed:
+            return -1.0, 0, None, []
+        state = self.resumed["training"]
+        try:
+            for name, thing in self.objects.items():
+                if thing is not None:
+                    thing.load_state_dict(state[name])
+        except (KeyError, TypeError, ValueError, RuntimeError) as err:
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()] + [""] * 2
+            raise common.CheckpointError(f"--resume: the training state does not fit the model "
+                                         f"its settings describe ({lines[1].rstrip('. ')}): start "
+                                         "a new run without --resume") from None
+        ## The CPU's random numbers (dropout, --augment), as if never interrupted. Under
+        ## torchrun only rank 0's were saved, and each rank draws its own: they keep theirs.
+        if not distributed():
+            torch.set_rng_state(state["rng"])
+        return (self.resumed["val_accuracy"], self.resumed["epoch"], self.resumed["state_dict"],
+                state["history"])
+
+    def on_disk(self, go_on: str | None, epochs: int) -> str:
+        """What is on disk now, for the line that ends a stopped run."""
+        if self.saved is None:
+            if self.checkpoint.exists():
+                return f"This run saved nothing: {self.checkpoint}, an earlier run's, is unchanged."
+            return "This run saved nothing yet."
+        kept = f"; the earlier run's model is kept as {self.kept}" if self.kept else ""
+        next_step = (f" Training had finished ({epochs} of {epochs} epochs); only the final test "
+                     "and the mistakes picture were cut short." if self.last_epoch == epochs
+                     else f" To go on from the last epoch saved: {go_on}." if go_on else "")
+        return (f"{self.checkpoint} holds this run's best model so far (epoch {self.saved[0]}, "
+                f"val acc {self.saved[1]:.4f}), complete and loadable{kept}.{next_step}")
+
+
+def as_words(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    """Settings as command-line words: ['--lr', '0.001', '--augment', '--hidden', '128', '64']."""
+    words = []
+    for name in names:
+        value, flag = getattr(args, name), "--" + name.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif value is not None and value is not False:
+            words += [flag, *map(str, value if isinstance(value, list) else [value])]
+    return words
+
+
+def load_training_state(run: RunFiles, args: argparse.Namespace, parser: argparse.ArgumentParser,
+                        argv: list[str] | None, names: tuple[str, ...],
+                        may_change: tuple[str, ...] = ()) -> argparse.Namespace:
+    """For --resume: read the run's checkpoint into run.resumed, and take the run's settings
+    (`names`) into `args`. Those given on the command line must match, except `may_change`.
+    Returns the run's own settings."""
+    if not run.checkpoint.exists():
+        raise UsageError(f"--resume: there is no run to resume at {run.checkpoint}: it saved no "
+                         "epoch yet (start it again without --resume), or it was started with "
+                         "another --save-path (or --model or --dataset): give that one")
+    checkpoint = common.load_checkpoint(run.checkpoint)
+    if not isinstance(state := checkpoint.get("training"), dict):
+        raise UsageError(f"--resume: {run.checkpoint} holds no training state (a dry run's, or "
+                         "saved before --resume existed): start a new run without --resume")
+    try:  # the saved settings go through argparse's checks, as if typed: damage fails there
+        parser.exit_on_error = False
+        saved, extra = parser.parse_known_args(state["settings"])
+        missing = [k for k in ("epoch", "model", "optimizer", "rng", "history") if k not in state]
+        if extra or missing:
+            raise ValueError(f"unknown settings {' '.join(extra)}" if extra else
+                             f"it has no {missing[0]!r} part")
+    except (argparse.ArgumentError, KeyError, TypeError, ValueError) as err:
+        raise common.CheckpointError(f"{run.checkpoint} cannot be resumed: its training state "
+                                     f"is damaged ({err}): start a new run without --resume"
+                                     ) from None
+    finally:
+        parser.exit_on_error = True
+    argv = sys.argv[1:] if argv is None else argv
+    given = {a.dest for a in parser._actions for o in a.option_strings
+             if any(word == o or word.startswith(o + "=") for word in argv)}
+    for name in names:
+        if name not in given:
+            setattr(args, name, getattr(saved, name))
+        elif getattr(args, name) != getattr(saved, name) and name not in may_change:
+            said = [" " + " ".join(as_words(n, (name,))) if as_words(n, (name,)) else
+                    f"out --{name.replace('_', '-')}" for n in (saved, args)]
+            raise UsageError(f"--resume: this run was started with{said[0]}, not with{said[1]}; "
+                             f"leave --{name.replace('_', '-')} out to go on with it, or start "
+                             "a new run")
+    run.resumed, run.saved = checkpoint, (checkpoint["epoch"], checkpoint["val_accuracy"])
+    run.last_epoch = state["epoch"]
+    return saved
+
+
+def command_to_go_on(script: str, argv: list[str] | None, flag: str) -> str:
+    """The command that started this script, with `flag` added, quoted for this system's shell."""
+    words = [w for w in (sys.argv[1:] if argv is None else argv) if w != flag]
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun: as many processes again
+    words = ["python"] * (world == 1) + ["torchrun", f"--nproc_per_node={world}"] * (world > 1) + [
+        script, *words, flag]
+    return subprocess.list2cmdline(words) if os.name == "nt" else shlex.join(words)
+
+
+# Ctrl-C, kill and a closed output --------------------------------------------------------------
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM,  # Ctrl-C, and `kill` or a job scheduler
+                *((signal.SIGBREAK,) if hasattr(signal, "SIGBREAK") else ()))  # Windows: Ctrl-Break
+
+
+@contextlib.contextmanager
+def stop_signals(hold: bool = False):
+    """Inside the block, every stop signal raises KeyboardInterrupt, as Ctrl-C does (`finally`
+    blocks then run, and the script says one line); with hold=True, only after the block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers: the host program handles Ctrl-C
+        return
+    received = []
+
+    def stop(signum, frame):
+        if not hold:
+            raise KeyboardInterrupt
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        raise KeyboardInterrupt
+
+
+def output_failure(err: OSError) -> str | None:
+    """Why writing to stdout failed, when `err` says it did; None for any other OSError."""
+    ## A closed pipe (`| head`) is BrokenPipeError, or on Windows an EINVAL that carries neither
+    ## a Windows error code nor a file name (CPython issue #79935). A full disk under
+    ## `> log.txt` names no file either: the files this repo writes fail as OutputErrors.
+    if isinstance(err, BrokenPipeError) or (
+            sys.platform == "win32" and err.errno == errno.EINVAL
+            and getattr(err, "winerror", None) is None and err.filename is None):
+        return "the program reading the output closed it"
+    if err.filename is None and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", None)):
+        return f"the output could not be written ({err.strerror})"
+    return None
+
+
+def output_closed(note: str | None) -> None:
+    """Say `note` on stderr, and point stdout at the null device, so that the flush at exit
+    does not fail again (Python's recipe, in the signal module's "Note on SIGPIPE")."""
+    with contextlib.suppress(OSError):
+        if note:
+            print(note, file=sys.stderr)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def stopped(err: BaseException, on_disk: str) -> int:
+    """End a run stopped by Ctrl-C, `kill` or a failed output with one line that says what is
+    `on_disk`, and return its exit code; any other error is raised again."""
+    if isinstance(err, KeyboardInterrupt):
+        print(f"\ninterrupted: stopped. {on_disk}".rstrip(), file=sys.stderr)
+        return 130
+    if (why := output_failure(err)) is None:
+        raise err
+    output_closed(f"stopped: {why}. {on_disk}".rstrip())
+    return 1
+
+
+def run_script(main: Callable[[], int]) -> None:
+    """Run a script's main() from the command line and exit with its code: Ctrl-C and `kill`
+    with one line and code 130, a closed or full output with code 1, never a traceback."""
+    for stream in (sys.stdout, sys.stderr):  # Windows' cp1252: a letter it lacks prints as \xe9
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
+    try:
+        with stop_signals():
+            code = main()
+            if sys.stdout is not None:  # None: started with stdout closed (`>&-`)
+                sys.stdout.flush()  # here, where a closed pipe can still be caught
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopped.", file=sys.stderr)
+        code = 130
+    except OSError as err:
+        if (why := output_failure(err)) is None:
+            raise
+        output_closed(None if "closed" in why else f"error: {why}.")  # `| head`: quietly
+        code = 1
+    sys.exit(code)
+
+
+# torchrun -------------------------------------------------------------------------------------
+## `torchrun --nproc_per_node=N script.py` starts N copies of the script, "ranks" 0..N-1, which
+## find their numbers in environment variables. Each rank holds a copy of the model and trains
+## on its share of every batch; DistributedDataParallel (DDP) averages the gradients of all
+## ranks in backward(), so that all copies take the same step.
+
+
+def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
+    """Join torchrun's processes, if this is one of them; return (rank, world size, device)."""
+    if "WORLD_SIZE" not in os.environ:  # a plain `python script.py`
+        return 0, 1, device
+    if device.type == "mps":
+        raise UsageError("torchrun cannot use Apple's GPU (mps): PyTorch's only backend there, "
+                         "gloo, handles CPU tensors only. Add --device cpu to train in several "
+                         "processes on the CPU, or run without torchrun to use the GPU")
+    if device.type == "cuda":  # one GPU per process: local rank k uses GPU k
+        local_rank, count = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+        if local_rank >= count:
+            raise UsageError(f"this process is local rank {local_rank}, but this machine has "
+                             f"{count} GPU(s): give torchrun --nproc_per_node={count} (at most "
+                             "one process per GPU), or --device cpu")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    ## NCCL moves tensors from GPU to GPU; gloo works on CPU tensors. Windows has no NCCL, and
+    ## its PyTorch lacks libuv, which gloo asks for unless USE_LIBUV=0 (pytorch/pytorch#139990).
+    if sys.platform == "win32":
+        os.environ.setdefault("USE_LIBUV", "0")
+    ## Imported before the group exists, on purpose: its functions take the group as a default
+    ## argument, fixed at import. Imported later (the optimizer does), they would keep the group
+    ## and its gloo threads alive after it is destroyed, and a thread still running as Python
+    ## shuts down can abort a finished run.
+    import torch.distributed.nn as _  # noqa: F401
+
+    dist = torch.distributed
+    dist.init_process_group("nccl" if device.type == "cuda" and sys.platform != "win32" else
+                            "gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def distributed() -> bool:
+    """Whether this process has joined torchrun's process group."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def is_main_process() -> bool:
+    """True in a plain run and on rank 0, also before the processes have joined."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """`model` in DistributedDataParallel: backward() then averages the gradients of all ranks,
+    so that each step sees world x --batch-size pictures (docs/distributed.md)."""
+    return torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def reduce_metrics(train_loss: float, val_loss: float, val_acc: float, val_count: int,
+                   world: int, device: torch.device) -> tuple[float, float, float]:
+    """This rank's numbers made whole-dataset ones (unchanged in a plain run)."""
+    if world == 1:
+        return train_loss, val_loss, val_acc
+    ## Training shards are padded to equal sizes, so the training loss is the mean of the
+    ## ranks' means. Validation shards are not: sum the totals over ranks, then divide once.
+    sums = torch.tensor([train_loss, val_loss * val_count, val_acc * val_count, val_count],
+                        dtype=torch.float64, device=device)  # float64: exact enough sums
+    torch.distributed.all_reduce(sums)
+    train_sum, loss_sum, correct, total = sums.tolist()
+    return train_sum / world, loss_sum / total, correct / total
+
+
+def leave_distributed(wait: bool) -> None:
+    """Leave torchrun's process group; after the others (`wait`) when the run went well, as a
+    rank that leaves while another still works can bring the whole run down."""
+    if distributed():
+        if wait:
+            torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+# platform rules -------------------------------------------------------------------------------
+
+
+def amp_dtype(choice: str | None, device: torch.device) -> torch.dtype | None:
+    """--amp as a dtype: bfloat16, which keeps float32's range and needs no GradScaler, where
+    the device computes it natively; float16 on older NVIDIA GPUs."""
+    if choice == "auto" and device.type == "cuda" and torch.version.hip:  # AMD: ask ROCm
+        with torch.cuda.device(device):
+            choice = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    elif choice == "auto" and device.type == "cuda":  # NVIDIA: native from Ampere (8.0) on
+        ## Not torch.cuda.is_bf16_supported(): it says True where bfloat16 is only emulated
+        ## (T4, V100, RTX 20xx: slower than float32), and about the current GPU, not `device`.
+        choice = "bf16" if torch.cuda.get_device_capability(device) >= (8, 0) else "fp16"
+    elif choice == "auto":  # CPUs, Apple and Intel GPUs
+        choice = "bf16"
+    if choice == "fp16" and device.type == "mps":  # float16 needs a GradScaler
+        raise UsageError("--amp fp16 on mps: float16 training needs a GradScaler, which "
+                         "PyTorch's MPS backend does not support reliably; use --amp bf16 "
+                         "(macOS 14 or later)")
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}[choice]
+
+
+def set_maths(device: torch.device, deterministic: bool) -> None:
+    """Faster maths where no result that matters changes, and --deterministic's rules."""
+    ## Float32 numbers below about 1e-38 ("denormals") are slow on many CPUs, and Adam's
+    ## averages for a ReLU unit that never fires end up there: flushed to 0 (docs/speed.md).
+    torch.set_flush_denormal(True)
+    if device.type == "cuda":  # TF32: float32 matmuls on tensor cores, with a shorter mantissa
+        torch.set_float32_matmul_precision("high")
+    if deterministic:  # GPUs: forbid the kernels whose sums vary from run to run
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first matmul
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+
+
+def compile_problem(device: torch.device) -> str | None:
+    """Why torch.compile cannot work here (it compiles new code: C++ on the CPU, Triton kernels
+    on NVIDIA GPUs), found before any work rather than at the first batch; None if it can."""
+    cxx = os.environ.get("CXX", "").split()  # the compiler torch.compile uses, if set
+    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+        return ("it needs Triton for NVIDIA GPUs, which is not installed (PyTorch's Windows "
+                "wheels do not include it)")
+    if device.type != "cpu":
+        return None
+    if sys.platform == "win32":
+        return None if shutil.which("cl") else (
+            "on Windows it needs Microsoft's C++ compiler (cl.exe, from Visual Studio's Build "
+            "Tools); run from an 'x64 Native Tools Command Prompt' that has it")
+    if cxx and not shutil.which(cxx[0]):
+        return (f"the C++ compiler that CXX names, {cxx[0]}, was not found: fix CXX, or unset "
+                "it to let torch.compile look for g++ or clang++")
+    if not cxx and not any(map(shutil.which, ("g++", "clang++", "c++"))):
+        return ("on the CPU it needs a C++ compiler, and none was found (install g++ or clang, "
+                "e.g. with Xcode's command line tools on a Mac)")
+    return None
+
+
+def missing_gpu_note(device: torch.device) -> str | None:
+    """A note, for the main process, when `device` is the CPU although an NVIDIA driver is
+    installed (nvidia-smi is looked up, never run: running it takes seconds); else None."""
+    if device.type != "cpu" or not is_main_process() or shutil.which("nvidia-smi") is None:
+        return None
+    if torch.version.cuda is None:
+        return ("note: an NVIDIA driver is installed (nvidia-smi), but this PyTorch "
+                f"({torch.__version__}) is a CPU-only build, so this runs on the CPU. For the "
+                "GPU, install PyTorch's CUDA build: the command for your system is on "
+                "https://pytorch.org/get-started/locally/ (on Windows, pip's default is CPU-only)")
+    return (f"note: an NVIDIA driver is installed (nvidia-smi) and this PyTorch is built for CUDA "
+            f"{torch.version.cuda}, but it finds no usable GPU, so this runs on the CPU. Run "
+            "nvidia-smi: if it fails, reinstall the driver; if it works, the driver may be too "
+            f"old for CUDA {torch.version.cuda}, or CUDA_VISIBLE_DEVICES hides the GPU")
