@@ -9,8 +9,8 @@ MNIST in memory.
         train_loss = train_one_epoch(model, train_loader, criterion, optimizer, device, epoch=epoch)
         val_loss, val_acc = evaluate(model, val_loader, criterion, device)
 
-set_seed, get_device, MLP, CNN, train_one_epoch and evaluate each work when pasted alone into a
-file that starts with these imports:
+set_seed, get_device, MLP, CNN, train_one_epoch and evaluate each work pasted alone into a file
+that starts with these imports:
 
     import math
     import random
@@ -19,8 +19,7 @@ file that starts with these imports:
     import torch
     from torch import nn
 
-The rest leans on neighbours in this file: copy the file whole next to your own script (it
-imports nothing else of this repository), or call torch.save and torch.load yourself.
+The rest leans on its neighbours: copy the whole file (it imports nothing else of this repo).
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import mimetypes
 import os
 import pickle
 import random
@@ -40,72 +40,57 @@ from pathlib import Path
 import torch
 from torch import nn
 
-# reproducibility ------------------------------------------------------------------------------
+# reproducibility and the device ---------------------------------------------------------------
 
 
 def set_seed(seed: int) -> torch.Generator:
     """Seed Python's `random` and PyTorch (CPU and every accelerator); return a CPU generator."""
     random.seed(seed)
-    ## torch.manual_seed seeds the CPU *and* every accelerator's generator, so weight
-    ## initialisation, dropout and torch.randperm repeat exactly from run to run.
-    torch.manual_seed(seed)
-    ## Give the returned generator to DataLoader(generator=...): the shuffled order, and the
-    ## seeds of its worker processes, then depend on `seed` alone, not on how many random
-    ## numbers the code before drew (a model with one more layer would change the data order).
+    torch.manual_seed(seed)  # the CPU's and every accelerator's: weights, dropout, randperm
+    ## Give the generator to DataLoader(generator=...): the shuffled order and its workers'
+    ## seeds then depend on `seed` alone, not on how many random numbers the code before drew
+    ## (a model with one more layer would otherwise change the data order).
     return torch.Generator().manual_seed(seed)
-
-
-# device ---------------------------------------------------------------------------------------
 
 
 def get_device(name: str = "auto") -> torch.device:
     """Return torch.device(name); "auto" picks the available accelerator, else the CPU."""
-    ## torch.accelerator covers CUDA, ROCm, Apple MPS and Intel XPU with one API, so the same
-    ## script runs on all of them.
+    ## torch.accelerator covers CUDA, ROCm, Apple MPS and Intel XPU: one script runs on all.
+    found = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     if name == "auto":
-        if torch.accelerator.is_available():
-            return torch.accelerator.current_accelerator()
-        return torch.device("cpu")
+        return found or torch.device("cpu")
     try:
         device = torch.device(name)
-    except RuntimeError as err:
-        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:1, mps or "
-                         "xpu") from err
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:1, mps or xpu"
+                         ) from None
     if device.type == "cpu":  # one CPU device: "cpu:0" is the same, and torch.load refuses it
         return torch.device("cpu")
-    found = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    if found is None or found.type != device.type:
-        build = ("built for ROCm" if torch.version.hip else
-                 "built for CUDA" if torch.version.cuda else "a CPU-only build")
-        raise ValueError(f"device {name!r} is not available here (accelerator found: "
-                         f"{found.type if found else 'none'}); use 'cpu' or 'auto'. This "
-                         f"PyTorch ({torch.__version__}) is {build}; `nvidia-smi` (or "
-                         "`rocm-smi`) shows whether a driver and a GPU are visible.")
-    if device.index is not None and device.index >= torch.accelerator.device_count():
-        raise ValueError(f"device {name!r} does not exist: this machine has "
-                         f"{torch.accelerator.device_count()} {device.type} device(s)")
+    count = torch.accelerator.device_count() if found and found.type == device.type else 0
+    if (device.index or 0) >= count:  # the usual causes: a CPU-only PyTorch, or no driver
+        build = "ROCm" if torch.version.hip else "CUDA" if torch.version.cuda else "the CPU only"
+        raise ValueError(f"device {name!r} is not available here ({count} {device.type} "
+                         f"devices); use 'cpu' or 'auto'. This PyTorch ({torch.__version__}) is "
+                         f"built for {build}; `nvidia-smi` shows whether a GPU is seen.")
     return device
 
 
 # models ---------------------------------------------------------------------------------------
-## A model is an nn.Module: layers with weights are created in __init__, which registers their
-## parameters (model.parameters() finds them, model.to(device) moves them); forward() says how
-## data flows through them. PyTorch initialises each layer's weights as it is built, uniformly
-## within +-1/sqrt(inputs per unit), which suits small networks like these (synthetic_train.py
-## shows how to choose an initialisation yourself). Both return "logits", one raw score per
-## class, and neither ends in a softmax: nn.CrossEntropyLoss applies log-softmax itself.
+## A model is an nn.Module: __init__ creates the layers, which registers their weights
+## (model.parameters() finds them, model.to(device) moves them), and forward() runs them.
+## PyTorch initialises each layer as it is built, uniformly within +-1/sqrt(its inputs), which
+## suits small networks (synthetic_train.py chooses an initialisation itself). Both return
+## "logits", one raw score per class: nn.CrossEntropyLoss applies the softmax itself.
 
 
 class MLP(nn.Sequential):
     """Fully connected network for 1x28x28 images, 784-128-64-10 by default; returns logits."""
 
     def __init__(self, hidden: Sequence[int] = (128, 64), num_classes: int = 10) -> None:
+        ## nn.Sequential runs its layers in the order they are added: flatten each [1, 28, 28]
+        ## picture into 784 numbers, then Linear, ReLU, Linear, ReLU, Linear. The names fc1,
+        ## fc2, ... are the keys of the saved weights: fc1.weight, fc1.bias, ...
         super().__init__()
-        ## nn.Sequential runs its layers in the order they are added: flatten each
-        ## [1, 28, 28] image into 784 numbers, then Linear, ReLU, Linear, ReLU, Linear. The
-        ## names fc1, fc2, ... become the keys of the saved weights (fc1.weight, fc1.bias...).
-        ## With the default sizes: (784 + 1) x 128 + (128 + 1) x 64 + (64 + 1) x 10 = 109,386
-        ## weights and biases.
         self.add_module("flatten", nn.Flatten())
         sizes = [28 * 28, *hidden, num_classes]
         for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:]), start=1):
@@ -123,20 +108,19 @@ class CNN(nn.Module):
         c1, c2 = channels
         self.conv1 = nn.Conv2d(1, c1, kernel_size=3, padding=1)  # 28x28 -> pool -> 14x14
         self.conv2 = nn.Conv2d(c1, c2, kernel_size=3, padding=1)  # 14x14 -> pool -> 7x7
-        ## Dropout zeroes a random quarter of its inputs at each training step (and scales up the
-        ## rest), so the next layer cannot lean on any single feature. Off in model.eval().
+        ## Dropout zeroes a random quarter of its inputs at each training step, so the next
+        ## layer cannot lean on any one feature. Off in model.eval().
         self.dropout = nn.Dropout(0.25)
         self.fc1 = nn.Linear(c2 * 7 * 7, hidden)
         self.fc2 = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ## Convolutions reuse the same small filters at every position, so a stroke is recognised
+        ## Convolutions reuse the same small filters at every position, so a stroke is found
         ## wherever it is; pooling halves the resolution and adds a little shift tolerance.
         x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
         x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
         x = self.dropout(x.flatten(1))
-        x = torch.relu(self.fc1(x))
-        return self.fc2(x)
+        return self.fc2(torch.relu(self.fc1(x)))
 
 
 MODELS = {"mlp": MLP, "cnn": CNN}
@@ -165,14 +149,12 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
     batches = len(loader) if hasattr(loader, "__len__") else "?"  # a generator has no length
     for batch, (inputs, targets) in enumerate(loader, start=1):
         inputs, targets = inputs.to(device), targets.to(device)  # no copy if already there
-        ## 1. zero_grad: backward() *adds* to each .grad, so the last batch's must go first.
-        optimizer.zero_grad(set_to_none=True)
-        ## 2. forward and 3. loss; with amp_dtype, autocast runs matmuls in 16 bits (AMP).
+        optimizer.zero_grad(set_to_none=True)  # 1. backward() *adds* to .grad: clear it first
+        ## 2. forward, 3. loss; with amp_dtype, autocast runs the matmuls in 16 bits (AMP).
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            outputs = model(inputs)
-            loss = criterion(outputs, targets)
+            loss = criterion(model(inputs), targets)
         if scaler is None:  # float32 or bfloat16: the plain steps
-            loss.backward()  # 4. backward: fill each .grad with d(loss)/d(weight)
+            loss.backward()  # 4. backward: each weight's .grad gets d(loss)/d(weight)
             if clip_grad is not None:  # shrink the gradients if their joint norm is above it
                 nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
             ## 5. step: move each weight against its gradient. step() before backward(), or
@@ -187,8 +169,8 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
             scaler.update()
         if scheduler is not None:
             scheduler.step()  # a per-batch learning-rate schedule, such as warmup + cosine
-        ## The batch's mean loss x its size: a per-sample sum. detach() lets each graph be freed,
-        ## and the sum stays on the device: .item() would make the CPU wait for the GPU.
+        ## A per-sample sum (batch mean x size), kept on the device: .item() would make the CPU
+        ## wait for the GPU. detach(): the graph behind the loss can be freed.
         total.add_(loss.detach(), alpha=len(targets))
         seen += len(targets)
         if log is not None and batch % log_interval == 0:
@@ -209,11 +191,9 @@ def evaluate(model: nn.Module, loader: Iterable, criterion: nn.Module,
              ) -> tuple[float, float]:
     """Return (average loss per sample, accuracy) of `model` on `loader`, without training it."""
     device = torch.device(device)
-    ## eval() switches Dropout off and makes BatchNorm use its running statistics.
-    ## inference_mode (a stricter, faster no_grad) records no graph for a backward() that will
-    ## never come: less memory, less time, and no .grad touched.
-    model.eval()
+    model.eval()  # Dropout off; BatchNorm uses its running statistics
     total_loss, correct, seen = torch.zeros((), device=device), 0, 0
+    ## inference_mode: no graph is recorded for a backward() that never comes (less memory).
     with torch.inference_mode(), torch.autocast(device.type, dtype=amp_dtype,
                                                 enabled=amp_dtype is not None):
         for inputs, targets in loader:
@@ -232,10 +212,9 @@ def evaluate(model: nn.Module, loader: Iterable, criterion: nn.Module,
 
 
 # checkpoints ----------------------------------------------------------------------------------
-## A checkpoint stores the weights by layer name (the state_dict), not the pickled model object:
-## it loads into the model class defined in code, survives refactoring of everything else, and
-## can be read with weights_only=True, which runs no code. It also stores what inference needs
-## to rebuild and feed the model: the architecture's name and the normalisation used.
+## A checkpoint stores the weights by layer name (the state_dict), not the pickled model: it
+## loads into the model class defined in code, and weights_only=True reads it without running
+## any code. It also stores what inference needs: the model's name and the normalisation.
 
 
 class CheckpointError(ValueError):
@@ -250,23 +229,20 @@ def save_checkpoint(path: str | Path, model: nn.Module | dict, *, model_name: st
                     std: float, epoch: int, val_accuracy: float, **extra) -> None:
     """Write the weights of `model` (or a state_dict) and what is needed to rebuild and use it
     to `path`, all or nothing. `extra`: more plain values to keep with it."""
-    if isinstance(model, nn.Module):
-        ## Unwrap DistributedDataParallel (.module) and torch.compile (._orig_mod): their
-        ## state_dict keys carry a prefix that a plain model would not recognise.
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        model = model.module  # its state_dict's keys would start with "module."
+    if isinstance(model, nn.Module):  # torch.compile(model) keeps the model in ._orig_mod
         model = getattr(model, "_orig_mod", model).state_dict()
-    checkpoint = {"model_name": model_name, "state_dict": model, "mean": float(mean),
-                  "std": float(std), "epoch": int(epoch), "val_accuracy": float(val_accuracy),
-                  **extra}
     buffer = io.BytesIO()  # in memory first: a full disk is then an error that names the file
-    torch.save(checkpoint, buffer)
+    torch.save({"model_name": model_name, "state_dict": model, "mean": float(mean),
+                "std": float(std), "epoch": int(epoch), "val_accuracy": float(val_accuracy),
+                **extra}, buffer)
     try:  # what load_checkpoint would refuse (a Path, an argparse Namespace): refused now
         torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
     except pickle.UnpicklingError as err:
-        kind = str(err).split("GLOBAL ")[-1].split()[0] if "GLOBAL " in str(err) else "an object"
-        raise TypeError(f"save_checkpoint keeps numbers, strings, lists, dicts and tensors "
-                        f"only, which load safely; this one holds {kind}: convert it (str(path), "
+        held = str(err).split("GLOBAL ")[-1].split()[0]  # the class that the pickle names
+        raise TypeError(f"save_checkpoint keeps numbers, strings, lists, dicts and tensors only,"
+                        f" which load safely; this one holds {held}: convert it (str(path), "
                         "vars(args))") from None
     write_atomically(path, buffer.getvalue())
 
@@ -293,8 +269,6 @@ def write_atomically(path: str | Path, data: bytes) -> None:
                 if attempt == 5:
                     raise
                 time.sleep(0.1 * attempt)
-    except OutputError:
-        raise
     except OSError as err:
         held = (" On Windows this means another program holds the file open: close it."
                 if sys.platform == "win32" and isinstance(err, PermissionError) else "")
@@ -319,11 +293,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             if os.path.exists(path) else "does not exist"))
     try:
         with open(path, "rb") as f:
-            start = f.read(4)
+            zipped = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
     except OSError as err:  # a file this user may not read
         raise CheckpointError(f"{path} cannot be read: {err.strerror}") from None
-    if start != b"PK\x03\x04":  # torch.save writes a zip archive
-        raise CheckpointError(not_a_checkpoint(path))
+    if not zipped:
+        kind = mimetypes.guess_type(path.name)[0] or ""  # by its name: photo.png is image/png
+        raise CheckpointError(f"{path} is not a checkpoint saved by this repo" + (
+            f" (it looks like a {kind[6:].upper()} picture)" if kind[:6] == "image/" else ""))
     try:
         with zipfile.ZipFile(path) as archive:  # its checksums, which torch.load does not check
             for part in archive.infolist():
@@ -342,43 +318,36 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not isinstance(checkpoint, dict) or not all(key in checkpoint for key in needed):
         raise CheckpointError(f"{path} is a PyTorch file but not a checkpoint of this repo: it "
                               f"needs the keys {', '.join(needed)} (save it with save_checkpoint)")
-    ## Values that would only fail later, one picture at a time (a std of 0 divides by zero).
-    mean, std, classes = checkpoint["mean"], checkpoint["std"], checkpoint.get("classes", [""] * 10)
-    if not (all(isinstance(v, (int, float)) and math.isfinite(v) for v in (mean, std)) and std > 0
-            and isinstance(classes, (list, tuple)) and all(isinstance(c, str) for c in classes)):
-        raise CheckpointError(f"{path} holds values this code cannot use (mean {mean!r}, std "
-                              f"{std!r}, classes {classes!r}): the mean and std must be numbers, "
-                              "the std above 0, the classes a list of names")
     return checkpoint
-
-
-def not_a_checkpoint(path: Path) -> str:
-    """The message for a file that torch.save did not write."""
-    import mimetypes
-
-    kind = mimetypes.guess_type(path.name)[0] or ""  # by its name: photo.png is image/png
-    return f"{path} is not a checkpoint saved by this repo" + (
-        f" (it looks like a {kind[6:].upper()} picture)" if kind.startswith("image/") else "")
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
     """Rebuild the checkpoint's model and load its weights; return (model, checkpoint)."""
     checkpoint = load_checkpoint(path, map_location=device)
-    name, sizes = checkpoint["model_name"], checkpoint.get("sizes", {})
     try:
-        model = build_model(name, **sizes)  # the sizes it was trained with
+        model = build_model(checkpoint["model_name"], **checkpoint.get("sizes", {}))
         model.load_state_dict(checkpoint["state_dict"])  # strict: every name and shape must match
     except (TypeError, ValueError, RuntimeError) as err:
-        ## load_state_dict's message starts with a heading line; the next one says what differs.
+        ## load_state_dict's message starts with a heading line; the next says what differs.
         lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
-        raise CheckpointError(f"{path} does not fit the {name!r} model that this code defines "
-                              f"({lines[min(1, len(lines) - 1)].rstrip('. ')}): retrain it, or "
-                              "restore the model code it was trained with") from None
-    outputs = list(model.parameters())[-1].shape[0]  # the last layer's bias: one per class
-    if len(checkpoint.get("classes") or range(outputs)) != outputs:
-        raise CheckpointError(f"{path} holds values this code cannot use (classes "
-                              f"{checkpoint['classes']!r}): the model has {outputs} outputs")
+        raise CheckpointError(f"{path} does not fit the {checkpoint['model_name']!r} model that "
+                              f"this code defines ({lines[len(lines) > 1].rstrip('. ')}): retrain "
+                              "it, or restore the model code it was trained with") from None
+    check_values(path, checkpoint, model)
     return model.to(device).eval(), checkpoint
+
+
+def check_values(path: Path, checkpoint: dict, model: nn.Module) -> None:
+    """Refuse values that would only fail later, one picture at a time (a std of 0: nan%)."""
+    outputs = list(model.parameters())[-1].shape[0]  # the last layer's bias: one per class
+    mean, std = checkpoint["mean"], checkpoint["std"]
+    names = checkpoint.get("classes", [""] * outputs)
+    if not (all(isinstance(v, (int, float)) and math.isfinite(v) for v in (mean, std)) and std > 0
+            and isinstance(names, list) and len(names) == outputs
+            and all(isinstance(name, str) for name in names)):
+        raise CheckpointError(f"{path} holds values this code cannot use (mean {mean!r}, std "
+                              f"{std!r}, classes {names!r}): the std must be above 0, and the "
+                              f"classes {outputs} names")
 
 
 # MNIST in memory ------------------------------------------------------------------------------
@@ -393,31 +362,35 @@ MNIST_MEAN, MNIST_STD = 0.1307, 0.3081  # mean and std of MNIST training pixels 
 
 def load_mnist(data_dir: str | Path, train: bool = True,
                dataset: str = "MNIST") -> tuple[torch.Tensor, torch.Tensor]:
-    """Return the images (uint8, N x 28 x 28) and labels (int64) of MNIST or another dataset in
-    its format ("FashionMNIST"), downloading them with torchvision on first use."""
-    ## The files are in the IDX format: a short header (a magic number, then the size of each
-    ## dimension), then one byte per pixel or label. Reading them takes a few lines and
-    ## milliseconds; torchvision is imported only to download them (its import costs seconds).
+    """The images (uint8, N x 28 x 28) and labels (int64) of MNIST, or of another dataset in its
+    format ("FashionMNIST"), from DATA_DIR/<dataset>/raw/ (safeguards.download_mnist fills it)."""
+    ## The IDX format: a short header (a magic number, each dimension's size), then one byte per
+    ## pixel or label. Read here in milliseconds, without torchvision, whose import costs seconds.
     raw = Path(data_dir) / dataset / "raw"
-    prefix = "train" if train else "t10k"
-    files = raw / f"{prefix}-images-idx3-ubyte", raw / f"{prefix}-labels-idx1-ubyte"
+    files = [raw / f"{'train' if train else 't10k'}-{kind}-ubyte"
+             for kind in ("images-idx3", "labels-idx1")]
     if not all(file.exists() for file in files):
-        download(Path(data_dir), dataset)
+        raise DataError(f"{dataset} is not in {raw}/: put its four files there, unpacked "
+                        "(python mnist_train.py downloads them)")
     try:
         images, labels = read_idx(files[0]), read_idx(files[1]).long()
     except OSError as err:  # a file this user may not read, a folder where a file belongs
         raise DataError(f"{err.filename} cannot be read: {err.strerror}") from err
-    if images.dim() != 3 or images.shape[1:] != (28, 28) or len(images) != len(labels) or (
-            len(images) == 0):
+    check_data(images, labels, files)
+    return images, labels
+
+
+def check_data(images: torch.Tensor, labels: torch.Tensor, files: list[Path]) -> None:
+    """Refuse, once where they are loaded, images and labels that training cannot use."""
+    if images.dim() != 3 or images.shape[1:] != (28, 28) or not len(images) == len(labels) > 0:
         raise DataError(f"{files[0]} and {files[1]} hold {list(images.shape)} images and "
                         f"{list(labels.shape)} labels, where N x 28 x 28 and N (N > 0) are "
                         "expected: delete both, and their .gz files, then run again")
-    ## Checked once here, not on every batch: nn.CrossEntropyLoss needs classes 0..C-1, and a
-    ## label of 10 fails on a GPU with an unreadable "device-side assert".
+    ## nn.CrossEntropyLoss needs classes 0..C-1: a label of 10 fails on a GPU as an unreadable
+    ## "device-side assert". Checked once here, not in every batch.
     if len(bad := ((labels < 0) | (labels > 9)).nonzero()):
         raise DataError(f"label {int(labels[bad[0]])} at position {int(bad[0])} of {files[1]} "
                         "is outside 0..9: class labels must be 0 to C-1 (remap 1..10 to 0..9)")
-    return images, labels
 
 
 def read_idx(path: str | Path) -> torch.Tensor:
@@ -438,57 +411,22 @@ def read_idx(path: str | Path) -> torch.Tensor:
     return torch.frombuffer(data, dtype=torch.uint8).view(shape)
 
 
-def download(data_dir: Path, dataset: str) -> None:
-    """Fetch and unpack the dataset's files with torchvision; a failure is one DataError."""
-    import socket
-
-    from torchvision import datasets  # only now: its import alone takes seconds
-
-    raw = data_dir / dataset / "raw"
-    for folder in (data_dir / "raw", data_dir):  # data_dir named MNIST/raw or MNIST itself?
-        if (folder / "train-images-idx3-ubyte").exists():
-            root = folder.parent.parent if folder.name == "raw" else folder.parent
-            raise DataError(f"{dataset} is not in {raw}/, but its files are in {folder}/: give "
-                            f"{root} as the data folder, the one that holds {dataset}/raw/.")
-    new = [f for f in (raw, *raw.parents) if not f.exists()]  # deepest first
-    old_timeout = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(30)  # a blocked network fails after 30 s instead of hanging
-    try:
-        getattr(datasets, dataset)(root=data_dir, download=True)
-    except (RuntimeError, OSError) as err:  # offline, a blocked mirror, a bad .gz, a full disk
-        for folder in new:  # no empty folders left behind by a typo in the path
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        reason = ([line.strip() for line in str(err).splitlines() if line.strip()]
-                  or [type(err).__name__])[-1].rstrip(".")  # the last mirror's answer
-        raise DataError(f"{dataset} is not in {raw}/ and downloading it failed: {reason}. Run "
-                        f"once with internet access, or put its four files into {raw}/, "
-                        "unpacked (a .gz there that fails torchvision's checksum, such as a "
-                        "Linux package's, is damaged for it: gunzip -k it there)") from None
-    finally:
-        socket.setdefaulttimeout(old_timeout)
-
-
 def normalize_images(images: torch.Tensor, mean: float, std: float,
                      device: str | torch.device = "cpu") -> torch.Tensor:
     """Turn uint8 images (N x H x W) into float32 N x 1 x H x W on `device`, standardised."""
-    ## Once for the whole dataset, instead of once per sample per epoch as ToTensor() and
-    ## Normalize() do in a DataLoader. The uint8 bytes travel first (4x less to copy than
-    ## float32), then are converted on the device, in place: only one float copy exists.
-    x = images.to(device).unsqueeze(1).float()
-    return x.div_(255).sub_(mean).div_(std)
+    ## Once for the whole dataset, not once per sample per epoch as ToTensor() and Normalize()
+    ## in a DataLoader. The bytes travel first (4x less than float32), then are converted.
+    return images.to(device).unsqueeze(1).float().div_(255).sub_(mean).div_(std)
 
 
 class TensorLoader:
     """Mini-batches cut from tensors already in memory, used like a DataLoader."""
 
-    ## A DataLoader calls dataset[i] once per sample and collates the results: flexible (files
-    ## on disk, random work per sample), but far slower than a small model needs. When the whole
-    ## dataset fits in memory, as MNIST does (47 MB as bytes), one indexing operation per batch
-    ## does the same job, and on a GPU batches never cross the PCIe bus. Under torchrun each
-    ## process (rank) takes every world_size-th sample of the order; a shuffled order is first
-    ## padded to a multiple of world_size, as DistributedSampler does, so that every rank gets
-    ## as many batches; an unshuffled one (evaluation) is not, so that every sample counts once.
+    ## A DataLoader calls dataset[i] once per sample and collates the results: flexible, but far
+    ## slower than a small model needs. When the data fit in memory, as MNIST does (47 MB as
+    ## bytes), one indexing operation per batch does the same job. Under torchrun each rank
+    ## takes every world_size-th sample: of the shuffled order padded as DistributedSampler pads
+    ## it (as many batches on every rank), or of the unpadded one (each sample counted once).
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int,
                  shuffle: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1,
@@ -504,25 +442,19 @@ class TensorLoader:
         """Shuffle with seed + epoch next time, as DistributedSampler.set_epoch does."""
         self.epoch = epoch
 
-    def _order(self) -> torch.Tensor:
-        n = len(self.targets)
-        if self.shuffle:  # a fresh order every epoch, the same on every rank
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(
-                self.seed + self.epoch))
-            total = math.ceil(n / self.world_size) * self.world_size
-            order = order.repeat(math.ceil(total / n))[:total]  # padded by wrapping around
-        else:
-            order = torch.arange(n)
-        return order[self.rank :: self.world_size]
-
     def __len__(self) -> int:  # batches per epoch on this rank
-        n = len(self.targets)
-        local = (math.ceil(n / self.world_size) if self.shuffle
-                 else len(range(self.rank, n, self.world_size)))
+        n, world = len(self.targets), self.world_size
+        local = math.ceil(n / world) if self.shuffle else len(range(self.rank, n, world))
         return math.ceil(local / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = self._order().to(self.inputs.device)  # one small copy per epoch
+        n = len(self.targets)
+        order = torch.arange(n)
+        if self.shuffle:  # a new order every epoch, the same on every rank; padded by wrapping
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed +
+                                                                              self.epoch))
+            order = order.repeat(self.world_size)[: -(-n // self.world_size) * self.world_size]
+        order = order[self.rank :: self.world_size].to(self.inputs.device)  # one small copy
         self.epoch += 1  # if set_epoch() is never called, the next epoch still reshuffles
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]

@@ -148,11 +148,12 @@ DATASETS = {
 
 
 def setup(args: argparse.Namespace) -> tuple[int, int, torch.device]:
-    """Join torchrun's processes (if any), seed, and set how the maths run."""
+    """Join torchrun's processes (if any), fetch the data once, seed, set how the maths run."""
     device = common.get_device(args.device)  # "auto": the accelerator if there is one
     if args.device == "auto" and (note := safeguards.missing_gpu_note(device)):
         print(note)  # an NVIDIA driver, but no GPU that this PyTorch can use
     rank, world, device = safeguards.init_distributed(device)  # (0, 1, device) without torchrun
+    safeguards.download_mnist(args.data_dir, DATASETS[args.dataset][0])  # if not there yet
     ## Seeds weight initialisation, dropout and --augment; the loaders shuffle with their own
     ## generators, from --seed too. + rank: each rank draws its own dropout and augmentation.
     common.set_seed(args.seed + rank)

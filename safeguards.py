@@ -341,6 +341,44 @@ def command_to_go_on(script: str, argv: list[str] | None, flag: str) -> str:
     return subprocess.list2cmdline(words) if os.name == "nt" else shlex.join(words)
 
 
+def download_mnist(data_dir: str | Path, dataset: str) -> None:
+    """Fetch and unpack DATA_DIR/<dataset>/raw/'s files with torchvision, if any is missing (as
+    on a first run); a failure is one common.DataError that says what to do."""
+    data_dir = Path(data_dir)
+    raw = data_dir / dataset / "raw"
+    if all((raw / f"{split}-{kind}-ubyte").exists() for split in ("train", "t10k")
+           for kind in ("images-idx3", "labels-idx1")):
+        return
+    import socket
+
+    from torchvision import datasets  # only now: its import alone takes seconds
+
+    for folder in (data_dir / "raw", data_dir):  # data_dir named MNIST/raw or MNIST itself?
+        if (folder / "train-images-idx3-ubyte").exists():
+            root = folder.parent.parent if folder.name == "raw" else folder.parent
+            raise common.DataError(f"{dataset} is not in {raw}/, but its files are in {folder}/: "
+                                   f"give {root} as the data folder, the one that holds "
+                                   f"{dataset}/raw/.")
+    new, timeout = [f for f in (raw, *raw.parents) if not f.exists()], socket.getdefaulttimeout()
+    socket.setdefaulttimeout(30)  # a blocked network fails after 30 s instead of hanging
+    try:
+        getattr(datasets, dataset)(root=data_dir, download=True)
+    except (RuntimeError, OSError) as err:  # offline, a blocked mirror, a bad .gz, a full disk
+        for folder in new:  # no empty folders left behind by a typo in the path
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        reason = ([line.strip() for line in str(err).splitlines() if line.strip()]
+                  or [type(err).__name__])[-1].rstrip(".")  # the last mirror's answer
+        raise common.DataError(f"{dataset} is not in {raw}/ and downloading it failed: {reason}. "
+                               f"Run once with internet access, or put its four files into {raw}/"
+                               ", unpacked (a .gz there that fails torchvision's checksum, such as"
+                               " a Linux package's, is damaged for it: gunzip -k it there)"
+                               ) from None
+    finally:
+        socket.setdefaulttimeout(timeout)
+
+
+
 # Ctrl-C, kill and a closed output --------------------------------------------------------------
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM,  # Ctrl-C, and `kill` or a job scheduler

@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import common
+import safeguards
 
 
 def separable_data(n=512, dim=10, classes=3, seed=0):
@@ -610,7 +611,7 @@ def test_load_mnist_reads_idx_files_as_torchvision_does(tiny_mnist):
 @pytest.mark.parametrize("given", ["MNIST", "MNIST/raw"])
 def test_a_data_folder_one_level_too_deep_gets_the_right_one_named(tiny_mnist, given):
     with pytest.raises(common.DataError) as err:
-        common.load_mnist(tiny_mnist / given, train=True)
+        safeguards.download_mnist(tiny_mnist / given, "MNIST")
     assert str(err.value) == (
         f"MNIST is not in {tiny_mnist / given / 'MNIST' / 'raw'}/, but its files are in "
         f"{tiny_mnist / 'MNIST' / 'raw'}/: give {tiny_mnist} as the data folder, the one that "
@@ -664,7 +665,7 @@ def test_mnist_files_that_cannot_be_read_are_one_line(tiny_mnist_copy, monkeypat
 def test_missing_mnist_offline_says_which_folder_and_leaves_no_empty_folders(tmp_path,
                                                                            no_network):
     with pytest.raises(common.DataError) as err:
-        common.load_mnist(tmp_path / "typo" / "data", train=True)
+        safeguards.download_mnist(tmp_path / "typo" / "data", "MNIST")
     message = str(err.value)
     assert f"MNIST is not in {tmp_path / 'typo' / 'data' / 'MNIST' / 'raw'}/" in message
     assert "internet" in message and "unpacked" in message and "gunzip" in message
@@ -674,7 +675,11 @@ def test_missing_mnist_offline_says_which_folder_and_leaves_no_empty_folders(tmp
     ## a data folder that is a file: the same one line, with the reason
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(common.DataError, match="downloading it failed: .*otes.txt"):
-        common.load_mnist(tmp_path / "notes.txt", train=True)
+        safeguards.download_mnist(tmp_path / "notes.txt", "MNIST")
+    ## load_mnist itself downloads nothing: it says where the files belong.
+    with pytest.raises(common.DataError, match=f"MNIST is not in {tmp_path / 'MNIST' / 'raw'}/: "
+                       "put its four files there"):
+        common.load_mnist(tmp_path)
 
 
 def test_a_damaged_gz_file_is_named_as_the_likely_cause(tmp_path, no_network):
@@ -682,7 +687,7 @@ def test_a_damaged_gz_file_is_named_as_the_likely_cause(tmp_path, no_network):
     raw.mkdir(parents=True)
     (raw / "train-images-idx3-ubyte.gz").write_bytes(b"\x1f\x8b not really gzip")
     with pytest.raises(common.DataError, match="a .gz there that fails torchvision's checksum"):
-        common.load_mnist(tmp_path, train=True)
+        safeguards.download_mnist(tmp_path, "MNIST")
 
 
 # writing files whole ---------------------------------------------------------------------------
