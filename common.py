@@ -47,9 +47,8 @@ def set_seed(seed: int) -> torch.Generator:
     """Seed Python's `random` and PyTorch (CPU and every accelerator); return a CPU generator."""
     random.seed(seed)
     torch.manual_seed(seed)  # the CPU's and every accelerator's: weights, dropout, randperm
-    ## Give the generator to DataLoader(generator=...): the shuffled order and its workers'
-    ## seeds then depend on `seed` alone, not on how many random numbers the code before drew
-    ## (a model with one more layer would otherwise change the data order).
+    ## Give the generator to DataLoader(generator=...): the shuffled order and the workers'
+    ## seeds then depend on `seed` alone, not on the random numbers the code before drew.
     return torch.Generator().manual_seed(seed)
 
 
@@ -76,20 +75,18 @@ def get_device(name: str = "auto") -> torch.device:
 
 
 # models ---------------------------------------------------------------------------------------
-## A model is an nn.Module: __init__ creates the layers, which registers their weights
-## (model.parameters() finds them, model.to(device) moves them), and forward() runs them.
-## PyTorch initialises each layer as it is built, uniformly within +-1/sqrt(its inputs), which
-## suits small networks (synthetic_train.py chooses an initialisation itself). Both return
-## "logits", one raw score per class: nn.CrossEntropyLoss applies the softmax itself.
+## A model is an nn.Module: __init__ creates its layers, whose weights model.parameters() then
+## finds and model.to(device) moves, and forward() runs them. Each layer starts uniformly
+## within +-1/sqrt(its inputs), which suits small networks (synthetic_train.py picks its own).
+## Both return "logits", one raw score per class: nn.CrossEntropyLoss applies the softmax.
 
 
 class MLP(nn.Sequential):
     """Fully connected network for 1x28x28 images, 784-128-64-10 by default; returns logits."""
 
     def __init__(self, hidden: Sequence[int] = (128, 64), num_classes: int = 10) -> None:
-        ## nn.Sequential runs its layers in the order they are added: flatten each [1, 28, 28]
-        ## picture into 784 numbers, then Linear, ReLU, Linear, ReLU, Linear. The names fc1,
-        ## fc2, ... are the keys of the saved weights: fc1.weight, fc1.bias, ...
+        ## nn.Sequential runs its layers in the order added: flatten [1, 28, 28] into 784 numbers,
+        ## then Linear, ReLU, ..., Linear. Saved, the weights are named fc1.weight, fc1.bias, ...
         super().__init__()
         self.add_module("flatten", nn.Flatten())
         sizes = [28 * 28, *hidden, num_classes]
@@ -108,9 +105,7 @@ class CNN(nn.Module):
         c1, c2 = channels
         self.conv1 = nn.Conv2d(1, c1, kernel_size=3, padding=1)  # 28x28 -> pool -> 14x14
         self.conv2 = nn.Conv2d(c1, c2, kernel_size=3, padding=1)  # 14x14 -> pool -> 7x7
-        ## Dropout zeroes a random quarter of its inputs at each training step, so the next
-        ## layer cannot lean on any one feature. Off in model.eval().
-        self.dropout = nn.Dropout(0.25)
+        self.dropout = nn.Dropout(0.25)  # zeroes a random quarter of its inputs in training
         self.fc1 = nn.Linear(c2 * 7 * 7, hidden)
         self.fc2 = nn.Linear(hidden, num_classes)
 
@@ -180,9 +175,9 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
     if seen == 0:
         raise ValueError("the training loader produced no batches: is the dataset empty?")
     if not math.isfinite(average := total.item() / seen):
-        raise FloatingPointError(f"the training loss became {average} in epoch {epoch}: try a "
-                                 "10x lower learning rate or gradient clipping, and check the "
-                                 "inputs for NaN or inf. The weights are likely ruined.")
+        raise FloatingPointError(f"the training loss became {average} in epoch {epoch}: try a 10x"
+                                 " lower learning rate or gradient clipping, and check the inputs "
+                                 "for NaN or inf. The weights are likely ruined.")
     return average
 
 
@@ -194,8 +189,7 @@ def evaluate(model: nn.Module, loader: Iterable, criterion: nn.Module,
     model.eval()  # Dropout off; BatchNorm uses its running statistics
     total_loss, correct, seen = torch.zeros((), device=device), 0, 0
     ## inference_mode: no graph is recorded for a backward() that never comes (less memory).
-    with torch.inference_mode(), torch.autocast(device.type, dtype=amp_dtype,
-                                                enabled=amp_dtype is not None):
+    with torch.inference_mode(), torch.autocast(device.type, amp_dtype, amp_dtype is not None):
         for inputs, targets in loader:
             inputs, targets = inputs.to(device), targets.to(device)
             outputs = model(inputs)
@@ -240,10 +234,9 @@ def save_checkpoint(path: str | Path, model: nn.Module | dict, *, model_name: st
     try:  # what load_checkpoint would refuse (a Path, an argparse Namespace): refused now
         torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
     except pickle.UnpicklingError as err:
-        held = str(err).split("GLOBAL ")[-1].split()[0]  # the class that the pickle names
-        raise TypeError(f"save_checkpoint keeps numbers, strings, lists, dicts and tensors only,"
-                        f" which load safely; this one holds {held}: convert it (str(path), "
-                        "vars(args))") from None
+        raise TypeError(f"save_checkpoint keeps numbers, strings, lists, dicts and tensors only: "
+                        f"this one holds {str(err).split('GLOBAL ')[-1].split()[0]}: convert it "
+                        "(str(path), vars(args))") from None
     write_atomically(path, buffer.getvalue())
 
 
@@ -261,14 +254,11 @@ def write_atomically(path: str | Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())  # on disk before the rename makes it visible
-        for attempt in range(1, 6):  # Windows: a virus scanner may hold the file for a moment
-            try:
-                os.replace(tmp, real)
-                break
-            except PermissionError:
-                if attempt == 5:
-                    raise
-                time.sleep(0.1 * attempt)
+        for wait in (0.1, 0.2, 0.3, 0.4):  # Windows: a virus scanner may hold the file a moment
+            with contextlib.suppress(PermissionError):
+                return os.replace(tmp, real)  # atomic: the old file or the new one
+            time.sleep(wait)
+        os.replace(tmp, real)  # the last try: its error is reported
     except OSError as err:
         held = (" On Windows this means another program holds the file open: close it."
                 if sys.platform == "win32" and isinstance(err, PermissionError) else "")
@@ -280,7 +270,7 @@ def write_atomically(path: str | Path, data: bytes) -> None:
 
 
 def temporary_name(path: Path) -> Path:
-    """The hidden name beside `path` that write_atomically writes before renaming."""
+    """The hidden name beside `path` that write_atomically writes first."""
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
@@ -381,16 +371,15 @@ def load_mnist(data_dir: str | Path, train: bool = True,
 
 
 def check_data(images: torch.Tensor, labels: torch.Tensor, files: list[Path]) -> None:
-    """Refuse, once where they are loaded, images and labels that training cannot use."""
+    """Refuse, once, where they are loaded (not per batch), what training cannot use."""
     if images.dim() != 3 or images.shape[1:] != (28, 28) or not len(images) == len(labels) > 0:
         raise DataError(f"{files[0]} and {files[1]} hold {list(images.shape)} images and "
                         f"{list(labels.shape)} labels, where N x 28 x 28 and N (N > 0) are "
                         "expected: delete both, and their .gz files, then run again")
-    ## nn.CrossEntropyLoss needs classes 0..C-1: a label of 10 fails on a GPU as an unreadable
-    ## "device-side assert". Checked once here, not in every batch.
     if len(bad := ((labels < 0) | (labels > 9)).nonzero()):
         raise DataError(f"label {int(labels[bad[0]])} at position {int(bad[0])} of {files[1]} "
-                        "is outside 0..9: class labels must be 0 to C-1 (remap 1..10 to 0..9)")
+                        "is outside 0..9: class labels must be 0 to C-1 (remap 1..10 to 0..9; "
+                        "on a GPU, a label of 10 fails as an unreadable device-side assert)")
 
 
 def read_idx(path: str | Path) -> torch.Tensor:
@@ -422,11 +411,10 @@ def normalize_images(images: torch.Tensor, mean: float, std: float,
 class TensorLoader:
     """Mini-batches cut from tensors already in memory, used like a DataLoader."""
 
-    ## A DataLoader calls dataset[i] once per sample and collates the results: flexible, but far
-    ## slower than a small model needs. When the data fit in memory, as MNIST does (47 MB as
-    ## bytes), one indexing operation per batch does the same job. Under torchrun each rank
-    ## takes every world_size-th sample: of the shuffled order padded as DistributedSampler pads
-    ## it (as many batches on every rank), or of the unpadded one (each sample counted once).
+    ## A DataLoader calls dataset[i] once per sample and collates: flexible, but slow for a small
+    ## model. Data that fit in memory, as MNIST does, need one indexing operation per batch.
+    ## Under torchrun each rank takes every world_size-th sample: of the shuffled order padded as
+    ## DistributedSampler pads it (as many batches on every rank), or of the plain one (once each).
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int,
                  shuffle: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1,

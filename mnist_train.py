@@ -1,25 +1,22 @@
 """Train a small network on MNIST handwritten digits and keep the best model.
 
-    python mnist_train.py --epochs 5               # the MLP: about 97.3% test accuracy
+    python mnist_train.py --epochs 5               # the MLP: about 97.4% test accuracy
     python mnist_train.py --model cnn --epochs 5   # a small CNN: about 99%, slower on a CPU
     python mnist_train.py --dry-run                # one batch of each phase, to check the script
     python predict.py samples/photo_3.jpg          # then classify a picture (or your own)
 
-What you should see (the MLP; a few seconds on a laptop's CPU; the last digits differ a little
-from one kind of CPU to another: docs/measurements.md):
+What you should see (the MLP, in seconds; docs/measurements.md has the figures per CPU):
 
     PyTorch 2.14.1 | device cpu | mlp with 109,386 parameters | 55,000 train / 5,000 val / ...
-    Epoch 1 | Batch 200/860 | Loss 0.5262
-    ...
     epoch 1/5 | train loss 0.2850 | val loss 0.1802 | val acc 0.9422 | 0.6 s | saved best
     ...
-    Test Accuracy: 0.9730 (9730/10000)
+    Test Accuracy: 0.9730 (9730/10000)      # 0.9730 to 0.9748, by the kind of CPU
 
 train() is the lesson: 1. data -> 2. model -> 3. loss -> 4. optimizer -> 5. training loop ->
 6. final test. A validation split, held out from the training pictures, picks the best epoch;
-the test set is used once, at the end, so its accuracy is an honest estimate. The details of
-each step follow train(), then the settings (`--help`). What keeps the script working in real
-use (bad paths, Ctrl-C, --resume, torchrun) is in safeguards.py.
+the test set is used once, at the end, for an honest estimate. Each step's details follow
+train(). What keeps the script working in real use (bad paths, Ctrl-C, --resume, torchrun) is
+in safeguards.py.
 """
 
 from __future__ import annotations
@@ -175,7 +172,7 @@ def choose_splits(args: argparse.Namespace, n_train: int, n_test: int,
     if args.val_size >= n_train:
         raise UsageError(f"--val-size {args.val_size} leaves nothing to train on: the training "
                          f"set has {n_train} images")
-    ## The split depends on --seed alone: each run and rank with it validates on the same pictures.
+    ## The split depends on --seed alone: every run and rank with it validates on the same ones.
     order = torch.randperm(n_train, generator=torch.Generator().manual_seed(args.seed))
     train_idx, val_idx, test_idx = order[args.val_size :], order[: args.val_size], torch.arange(
         n_test)
@@ -198,8 +195,7 @@ def make_loader(args: argparse.Namespace, images: torch.Tensor, labels: torch.Te
     if args.loader == "dataloader":
         return classic_loader(args, PictureDataset(images, labels, mean, std), batch_size,
                               device, shuffle, augment, rank, world)
-    ## Every picture decoded and standardised once, into one tensor on the training device:
-    ## then each batch is one indexing operation (docs/speed.md).
+    ## Decoded and standardised once, on the training device: a batch is one indexing step.
     return common.TensorLoader(
         common.normalize_images(images, mean, std, device), labels.to(device), batch_size,
         shuffle=shuffle, seed=args.seed, rank=rank, world_size=world,
@@ -334,12 +330,9 @@ def build_parser() -> safeguards.ArgumentParser:
     positive, add = safeguards.positive, parser.add_argument
     # training
     add("--epochs", type=positive(int), default=5, help="passes over the data")
-    add("--batch-size", type=positive(int), default=64,
-        help="pictures per training step; if you raise it, raise --lr too")
-    add("--test-batch-size", type=positive(int), default=1000,
-        help="pictures per evaluation batch (no gradients, so it can be large)")
-    add("--lr", type=positive(float), default=1e-3,
-        help="learning rate; if the loss turns NaN, divide it by 10")
+    add("--batch-size", type=positive(int), default=64, help="pictures per step; raise --lr too")
+    add("--test-batch-size", type=positive(int), default=1000, help="pictures per evaluation batch")
+    add("--lr", type=positive(float), default=1e-3, help="learning rate; if the loss is NaN: / 10")
     add("--optimizer", choices=["adam", "sgd"], default="adam", help="sgd: try --lr 0.01")
     add("--model", choices=sorted(common.MODELS), default="mlp",
         help="mlp: fully connected, fast; cnn: convolutional, more accurate, slower on a CPU")
@@ -356,13 +349,10 @@ def build_parser() -> safeguards.ArgumentParser:
     add("--clip-grad", type=positive(float), metavar="MAX_NORM",
         help="clip the gradient norm to this (try 1.0 if the loss spikes)")
     # data
-    add("--dataset", choices=sorted(DATASETS), default="mnist",
-        help="fashion-mnist: pictures of clothes, in MNIST's format")
+    add("--dataset", choices=sorted(DATASETS), default="mnist", help="fashion-mnist: clothes")
     add("--data-dir", default="./data", help="MNIST is in (or downloaded to) DATA_DIR/MNIST/raw/")
-    add("--val-size", type=positive(int), default=5000,
-        help="training pictures held out to pick the best epoch")
-    add("--subset", type=positive(int), metavar="N",
-        help="train on N pictures only: a working loop drives their loss to ~0")
+    add("--val-size", type=positive(int), default=5000, help="pictures to pick the best epoch")
+    add("--subset", type=positive(int), metavar="N", help="train on N pictures only")
     add("--loader", choices=["memory", "dataloader"], default="memory", help="memory: batches "
         "cut from tensors decoded once; dataloader: the classic Dataset + DataLoader")
     add("--num-workers", type=safeguards.number_from(0, 64), default=0,
@@ -374,20 +364,16 @@ def build_parser() -> safeguards.ArgumentParser:
     add("--compile", action="store_true", help="torch.compile the model")
     add("--seed", type=safeguards.number_from(0, 2**32 - 1), default=42,
         help="same seed, same run (bit for bit on a CPU; GPUs: --deterministic)")
-    add("--deterministic", action="store_true",
-        help="bit-identical runs on a GPU too, at some cost in speed")
+    add("--deterministic", action="store_true", help="bit-identical runs on a GPU too (slower)")
     # output
     add("--save-path", type=safeguards.file_path, help="the checkpoint (default: checkpoints/"
         "mnist_<model>.pt), with the metrics (.csv) and mistakes (_mistakes.png) beside it; an "
         "earlier run's files there are renamed, never replaced")
-    add("--log-interval", type=positive(int), default=200,
-        help="print the training loss every N batches")
-    add("--tensorboard", metavar="DIR",
-        help="also write TensorBoard logs to DIR (pip install tensorboard)")
+    add("--log-interval", type=positive(int), default=200, help="log the loss every N batches")
+    add("--tensorboard", metavar="DIR", help="also log to DIR (pip install tensorboard)")
     add("--resume", action="store_true", help="go on with the run saved at --save-path, from "
         "its last epoch, with its settings (--epochs can grow)")
-    add("--dry-run", action="store_true",
-        help="one batch of train, validation and test, then stop (for CI)")
+    add("--dry-run", action="store_true", help="one batch of each phase, then stop (for CI)")
     return parser
 
 
@@ -423,8 +409,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_settings(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
-    """Refuse flags that do not go together, and files that cannot be written, before any
-    work."""
+    """Refuse flags that do not go together, and files that cannot be written, before work."""
     model_sizes(args)
     if args.num_workers and args.loader == "memory":
         raise UsageError("--num-workers is for --loader dataloader; the in-memory loader needs "
@@ -435,10 +420,10 @@ def check_settings(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
         raise UsageError(f"--device: {err}") from None
     if args.compile and (problem := safeguards.compile_problem(device)):
         raise UsageError(f"--compile: {problem}; leave --compile out to train without it")
+    files = {"--save-path": run.checkpoint, "its CSV": run.csv, "its mistakes picture":
+             run.mistakes}
     if safeguards.is_main_process():  # the process that writes the files
-        safeguards.check_outputs({"--save-path": run.checkpoint, "its CSV": run.csv,
-                                  "its mistakes picture": run.mistakes},
-                                 "--tensorboard", args.tensorboard)
+        safeguards.check_outputs(files, "--tensorboard", args.tensorboard)
 
 
 def resume(args: argparse.Namespace, parser, argv: list[str] | None,

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import difflib
 import errno
+import glob
 import importlib.util
 import math
 import os
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -157,6 +159,64 @@ def check_output_file(path: str | Path) -> str | None:
 def check_output_dir(folder: str | Path) -> str | None:
     """Why files cannot be written in `folder`, or None. Creates the folder."""
     return check_output_file(Path(folder, ".write-test"))
+
+
+def expand_patterns(paths: list[Path]) -> list[Path]:
+    """The paths, with patterns such as photos/*.jpg expanded where no shell did it: bash and
+    zsh expand them before Python starts, Windows' cmd and PowerShell do not."""
+    found = []
+    for path in paths:
+        if not os.path.exists(path) and any(c in str(path) for c in "*?["):
+            found.extend(sorted(map(Path, glob.glob(str(path)))) or [path])  # none: not found
+        else:
+            found.append(path)
+    return found
+
+
+def new_names(paths: list[Path], folder: Path | None) -> dict[Path, str]:
+    """{path: a name for a file written about it into `folder`}: its stem, or stem-2, stem-3...
+    so that no two get one name, and none is the name of a .png of `paths` in that folder.
+    Compared without case, as Windows and macOS compare names."""
+    def same(a: Path, b: Path | None) -> bool:
+        with contextlib.suppress(OSError, TypeError):
+            return os.path.samefile(a, b)
+        return False
+
+    used = {p.stem.casefold() for p in paths if p.suffix.lower() == ".png" and same(p.parent,
+                                                                                    folder)}
+    names = {}
+    for path in paths:
+        n = 1
+        while (name := path.stem if n == 1 else f"{path.stem}-{n}").casefold() in used:
+            n += 1
+        used.add(name.casefold())
+        names[path] = name
+    return names
+
+
+def say(line: str, stream=None) -> None:
+    """Print a line of file names, whose control characters show as \\n or \\x1b (as `ls` shows
+    them), so that no name prints as two lines or recolours the terminal."""
+    stream = stream or sys.stdout
+    if stream is sys.stderr and sys.stdout is not None:
+        sys.stdout.flush()  # `> log.txt 2>&1`: the lines in the order they were said
+    print("".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in line),
+          file=stream)
+
+
+def failure(err: Exception, expected: type, debug: bool, prefix: str) -> str:
+    """Say what went wrong with one item of a batch, after `prefix`, and return it: an `expected`
+    error's own words, or a bug's type and first line (and, with `debug`, its traceback)."""
+    if isinstance(err, expected):
+        problem = str(err)
+    else:
+        if debug:
+            traceback.print_exc()
+        problem = (f"unexpected {type(err).__name__}: {(str(err).splitlines() or [''])[0]}. This"
+                   " is a bug, not a fault of the input: please report it with the input "
+                   "(--debug shows the traceback).")
+    say(prefix + problem, sys.stderr)
+    return problem
 
 
 # the files of a training run, and --resume ---------------------------------------------------

@@ -46,6 +46,7 @@ sys.path.insert(0, str(REPO))
 import common
 import digit_cleanup
 import predict
+import safeguards
 
 PICTURE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -160,12 +161,12 @@ def score(args) -> None:
         print(f"| {name} | " + " | ".join(cells) + " |")
     print(f"\npictures with a warning: {len(warned)}")
     for line in warned:  # say(): a file name the terminal cannot show becomes an escape
-        predict.say(f"  {line}", sys.stdout)
+        safeguards.say(f"  {line}", sys.stdout)
     print(speed_report(seconds))
     misses = [(r, name) for r in rows for name in names if r["guesses"][name] != r["label"]]
     if args.errors:
         for r, name in misses:
-            predict.say(f"{name}: {r['path'].name} ({r['kind']}) is {r['label']}, read as "
+            safeguards.say(f"{name}: {r['path'].name} ({r['kind']}) is {r['label']}, read as "
                         f"{r['guesses'][name]}", sys.stdout)
     if args.misses and misses:
         draw_misses(misses, Path(args.misses))

@@ -260,14 +260,14 @@ def test_no_pictures_and_no_serve_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_:
         predict.main([])
     assert exit_.value.code == 2
-    assert "give one or more pictures to classify, or --serve" in capsys.readouterr().err
+    assert "give one or more pictures, or --serve to draw on a page" in capsys.readouterr().err
 
 
 def test_pictures_given_with_serve_are_a_usage_error_not_ignored(capsys):
     with pytest.raises(SystemExit) as exit_:
         predict.main(["--serve", "samples/drawing_7.png"])
     assert exit_.value.code == 2
-    assert "--serve takes no pictures" in capsys.readouterr().err
+    assert "(it takes no pictures, --json" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", [["--json"], ["--save-input", "seen"], ["--top-k", "3"]])
@@ -276,7 +276,7 @@ def test_command_line_output_flags_with_serve_are_a_usage_error_not_ignored(caps
     with pytest.raises(SystemExit) as exit_:
         predict.main(["--serve", *[str(tmp_path / f) if f == "seen" else f for f in flag]])
     assert exit_.value.code == 2
-    assert "--serve takes no pictures, --json, --save-input or --top-k" in capsys.readouterr().err
+    assert "(it takes no pictures, --json, --save-input or --top-k" in capsys.readouterr().err
     assert not (tmp_path / "seen").exists()  # no folder made for nothing
 
 

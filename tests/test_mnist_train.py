@@ -1035,7 +1035,7 @@ def test_a_platform_stop_signal_ends_the_run_like_ctrl_c(tiny_mnist, tmp_path, m
 
 
 @pytest.mark.parametrize(("build_parser", "a_default"), [
-    (mnist_train.build_parser, "be large) (default: 1000)"),
+    (mnist_train.build_parser, "pictures per evaluation batch (default: 1000)"),
     (predict.build_parser, "--port PORT with --serve (0: any free port) (default: 8000)")])
 def test_help_shows_each_real_default_and_no_empty_one(build_parser, a_default):
     ## "(default: None)" would contradict help texts such as --hidden's "(default 128 64)".

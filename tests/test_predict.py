@@ -143,8 +143,8 @@ def test_an_unexpected_error_on_one_picture_is_one_line_and_the_rest_go_on(
     assert [line.split(": ")[0] for line in results(out, trained_checkpoint)] == [paths[0],
                                                                                   paths[2]]
     assert err == (f"{paths[1]}: error: unexpected RuntimeError: kthvalue(): selected number k "
-                   "out of range. This is a bug, not a fault of the picture: please report it "
-                   "with the picture (--debug shows the traceback).\n")
+                   "out of range. This is a bug, not a fault of the input: please report it "
+                   "with the input (--debug shows the traceback).\n")
     assert predict.main(["--checkpoint", str(trained_checkpoint), "--debug", paths[1]]) == 1
     err = capsys.readouterr().err
     assert err.startswith("Traceback (most recent call last):") and "broken_on_b" in err
