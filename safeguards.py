@@ -1,17 +1,12 @@
 """What keeps the scripts working in real use, out of the lesson's way.
 
 The lessons (mnist_train.train, predict.main) read without this file: they call each piece in
-one line. Here is how their promises are kept:
-
-- command lines: a mistyped flag is named, numbers are checked, and what cannot work is refused
-  before any work (UsageError, which argparse reports with exit code 2);
-- a new run never replaces an earlier run's files, and --resume goes on where a run stopped;
-- Ctrl-C, `kill` and a closed output end a script with one line that says what is on disk;
-- torchrun: joining the processes, and summing their numbers;
-- platform rules: 16-bit types per GPU, --compile without a compiler, a GPU PyTorch cannot use.
-
-The scripts import this module, and it imports common.py, never the other way round. It knows
-no script's flags or file names: the scripts hand them over.
+one line. This is where their promises are kept: command lines that name a mistyped flag and
+refuse what cannot work before any work (UsageError: argparse's exit code 2); output paths
+checked first; an earlier run's files never replaced; --resume; Ctrl-C, `kill` and a closed
+output ending a script with one line; torchrun; and the rules of platforms this code may run on.
+The scripts import this module and it imports common.py, never the reverse; it knows no
+script's flags or file names: the scripts hand them over.
 """
 
 from __future__ import annotations
@@ -48,8 +43,8 @@ class UsageError(Exception):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser with each real default in --help, no silent abbreviations (--epoch is
-    not taken for --epochs), and "did you mean --epochs?" for a flag it does not know."""
+    """argparse's parser with each real default in --help, no silent abbreviations (--epoch for
+    --epochs), and "did you mean --epochs?" for a flag it does not know."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(formatter_class=HelpFormatter, allow_abbrev=False, **kwargs)
@@ -68,17 +63,14 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Each option's default in --help, except None and False, which say nothing."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
+    def _get_help_string(self, action: argparse.Action) -> str | None:  # no "(default: None)"
         if action.default is None or action.default is False:
             return action.help
         return super()._get_help_string(action)
 
 
 def positive(kind: type) -> Callable[[str], int | float]:
-    """argparse type: a positive, finite int or float, small enough for PyTorch's sizes and
-    float32's range."""
+    """argparse type: a positive, finite int or float, within PyTorch's sizes and float32."""
     def parse(text: str):
         try:
             value = kind(text)
@@ -105,8 +97,7 @@ def number_from(low: int, high: int) -> Callable[[str], int]:
 
 
 def file_path(text: str) -> Path:
-    """argparse type: the path of a file, not of a folder (checked as typed: Path drops the
-    slash of "checkpoints/", and Path("") is ".")."""
+    """argparse type: a file's path, not a folder's, as typed (Path drops the / of "dir/")."""
     if text.endswith(("/", os.sep)) or Path(text).name in ("", ".", ".."):
         raise argparse.ArgumentTypeError(f"{text!r} names a folder, not a file: give a file's "
                                          "name, such as checkpoints/model.pt")
@@ -124,14 +115,14 @@ def check_outputs(files: dict[str, Path], log_flag: str, log_dir: str | None) ->
     for what, path in files.items():
         if problem := check_output_file(path):
             raise UsageError(f"{what} {path}: {problem}")
-    if log_dir is None:
-        return
-    if not log_dir.strip() or os.path.abspath(log_dir).casefold() in same:
-        raise UsageError(f"{log_flag} {log_dir!r}: give it a folder of its own, such as runs/mnist")
-    if importlib.util.find_spec("tensorboard") is None:
-        raise UsageError(f"{log_flag} needs the tensorboard package: pip install tensorboard")
-    if problem := check_output_dir(log_dir):
-        raise UsageError(f"{log_flag} {log_dir}: {problem}")
+    if log_dir is not None:
+        if not log_dir.strip() or os.path.abspath(log_dir).casefold() in same:
+            raise UsageError(f"{log_flag} {log_dir!r}: give it a folder of its own, such as "
+                             "runs/mnist")
+        if importlib.util.find_spec("tensorboard") is None:
+            raise UsageError(f"{log_flag} needs the tensorboard package: pip install tensorboard")
+        if problem := check_output_dir(log_dir):
+            raise UsageError(f"{log_flag} {log_dir}: {problem}")
 
 
 def check_output_file(path: str | Path) -> str | None:
@@ -142,17 +133,15 @@ def check_output_file(path: str | Path) -> str | None:
         return ("is not a regular file (a device or a pipe), and will not be replaced. To keep "
                 "nothing, save into a temporary folder instead")
     real = Path(os.path.realpath(path))
-    probe = common.temporary_name(real)  # longer than the name itself: too long for this disk?
-    try:  # permissions, a read-only disk, a quota: only writing tells for sure
+    try:  # permissions, a read-only disk, a name too long: only writing tells for sure
         real.parent.mkdir(parents=True, exist_ok=True)
-        probe.touch(exist_ok=False)
+        (probe := common.temporary_name(real)).touch(exist_ok=False)  # the longer name, too
         probe.unlink()
     except FileExistsError:
         return f"{real.parent} exists and is not a folder"
     except OSError as err:
-        where = "cannot be written" if err.errno == errno.ENAMETOOLONG else (
-            f"cannot write files in {real.parent}")
-        return f"{where}: {err.strerror}"
+        return (f"cannot be written: {err.strerror}" if err.errno == errno.ENAMETOOLONG else
+                f"cannot write files in {real.parent}: {err.strerror}")
     return None
 
 
@@ -162,29 +151,28 @@ def check_output_dir(folder: str | Path) -> str | None:
 
 
 def expand_patterns(paths: list[Path]) -> list[Path]:
-    """The paths, with patterns such as photos/*.jpg expanded where no shell did it: bash and
-    zsh expand them before Python starts, Windows' cmd and PowerShell do not."""
+    """The paths, with patterns such as photos/*.jpg expanded where no shell did it (bash and
+    zsh expand them; Windows' cmd and PowerShell pass them on)."""
     found = []
     for path in paths:
-        if not os.path.exists(path) and any(c in str(path) for c in "*?["):
-            found.extend(sorted(map(Path, glob.glob(str(path)))) or [path])  # none: not found
-        else:
+        if os.path.exists(path) or not any(c in str(path) for c in "*?["):
             found.append(path)
+        else:  # nothing matched: the path as it is, which "no such file" then names
+            found.extend(sorted(map(Path, glob.glob(str(path)))) or [path])
     return found
 
 
 def new_names(paths: list[Path], folder: Path | None) -> dict[Path, str]:
-    """{path: a name for a file written about it into `folder`}: its stem, or stem-2, stem-3...
-    so that no two get one name, and none is the name of a .png of `paths` in that folder.
-    Compared without case, as Windows and macOS compare names."""
-    def same(a: Path, b: Path | None) -> bool:
+    """{path: a name for what is written about it into `folder`}: its stem, or stem-2, -3...,
+    never the name of one of `paths` in that folder, and compared without case (as Windows and
+    macOS do)."""
+    def in_folder(path: Path) -> bool:
         with contextlib.suppress(OSError, TypeError):
-            return os.path.samefile(a, b)
+            return os.path.samefile(path.parent, folder)
         return False
 
-    used = {p.stem.casefold() for p in paths if p.suffix.lower() == ".png" and same(p.parent,
-                                                                                    folder)}
-    names = {}
+    used, names = {p.stem.casefold() for p in paths if p.suffix.lower() == ".png"
+                   and in_folder(p)}, {}
     for path in paths:
         n = 1
         while (name := path.stem if n == 1 else f"{path.stem}-{n}").casefold() in used:
@@ -195,26 +183,22 @@ def new_names(paths: list[Path], folder: Path | None) -> dict[Path, str]:
 
 
 def say(line: str, stream=None) -> None:
-    """Print a line of file names, whose control characters show as \\n or \\x1b (as `ls` shows
-    them), so that no name prints as two lines or recolours the terminal."""
-    stream = stream or sys.stdout
+    """Print a line of file names: their control characters show as \\\\n or \\\\x1b, as `ls`
+    shows them, so that no name prints as two lines or recolours the terminal."""
     if stream is sys.stderr and sys.stdout is not None:
         sys.stdout.flush()  # `> log.txt 2>&1`: the lines in the order they were said
-    print("".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in line),
-          file=stream)
+    print("".join(c if c.isprintable() or c == "\\t" else repr(c)[1:-1] for c in line),
+          file=stream or sys.stdout)
 
 
 def failure(err: Exception, expected: type, debug: bool, prefix: str) -> str:
     """Say what went wrong with one item of a batch, after `prefix`, and return it: an `expected`
     error's own words, or a bug's type and first line (and, with `debug`, its traceback)."""
-    if isinstance(err, expected):
-        problem = str(err)
-    else:
-        if debug:
-            traceback.print_exc()
-        problem = (f"unexpected {type(err).__name__}: {(str(err).splitlines() or [''])[0]}. This"
-                   " is a bug, not a fault of the input: please report it with the input "
-                   "(--debug shows the traceback).")
+    if debug and not isinstance(err, expected):
+        traceback.print_exc()
+    problem = str(err) if isinstance(err, expected) else (
+        f"unexpected {type(err).__name__}: {(str(err).splitlines() or [''])[0]}. This is a bug, "
+        "not a fault of the input: please report it with the input (--debug shows the traceback).")
     say(prefix + problem, sys.stderr)
     return problem
 
@@ -226,11 +210,11 @@ class RunFiles:
     """The files of one training run, and what became of an earlier run's files at its path.
 
     The checkpoint holds the run's best model and the training state of its last epoch (what
-    --resume goes on from); beside it, the metrics of every epoch (.csv) and the test set's
+    --resume goes on from); beside it are the metrics of every epoch (.csv) and the test set's
     mistakes (_mistakes.png). "Best" is best within one run, so a new run never writes over an
     earlier one's files: at its first save it renames them, stamped with the time the earlier
-    checkpoint was written (mnist_mlp.pt -> mnist_mlp.2026-12-01_10-05-33.pt). The newest
-    model is then always where predict.py looks.
+    checkpoint was written (mnist_mlp.2026-12-01_10-05-33.pt). The newest model is then always
+    where predict.py looks.
     """
 
     def __init__(self, checkpoint: Path, dry_run: bool = False) -> None:
@@ -271,14 +255,13 @@ class RunFiles:
                   + (f", with its {' and '.join(extras)}" if extras else ""))
 
     def earlier_files(self) -> dict[Path, Path]:
-        """{an earlier run's file: its new, stamped name}, for the files there are."""
+        """{an earlier run's file: its new, stamped name}, for the files there are; none for a
+        dry run's files (they hold no training state), which a dry run replaces."""
         mine = [p for p in (self.checkpoint, self.csv, self.mistakes) if p.exists()]
         with contextlib.suppress(common.CheckpointError):  # a damaged file is kept, as any
-            if self.dry_run and mine and mine[0] == self.checkpoint and (
+            if not mine or self.dry_run and mine[0] == self.checkpoint and (
                     common.load_checkpoint(self.checkpoint).get("training", 1) is None):
-                return {}  # a dry run's (it saves no training state): replaced by a dry run
-        if not mine:
-            return {}
+                return {}
         stamp = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(mine[0].stat().st_mtime))
         for n in range(1, 1000):  # two runs saved in the same second: -2, -3, ...
             name = f"{self.checkpoint.stem}.{stamp}{f'-{n}' if n > 1 else ''}"
@@ -289,8 +272,8 @@ class RunFiles:
                                          (new.checkpoint, new.csv, new.mistakes)) if old in mine}
 
     def track(self, settings: list[str], **objects) -> None:
-        """What --resume saves after each epoch and puts back: the run's settings as command-line
-        words, and the objects with a state_dict() (the model, the optimizer... or None)."""
+        """What --resume saves and puts back: the run's settings as command-line words, and the
+        objects with a state_dict() (the model, the optimizer...; None for none)."""
         self.settings, self.objects = settings, objects
 
     def training_state(self, epoch: int, history: list) -> dict | None:
@@ -301,7 +284,7 @@ class RunFiles:
             **{name: thing.state_dict() for name, thing in self.objects.items() if thing}}
 
     def restore(self) -> tuple[float, int, dict | None, list]:
-        """With --resume, put the saved state back. Return the best accuracy, its epoch and
+        """With --resume, put the saved state back; return the best accuracy, its epoch and
         weights, and the history of the epochs trained (without --resume: none yet)."""
         if not self.resumed:
             return -1.0, 0, None, []
@@ -325,9 +308,8 @@ class RunFiles:
     def on_disk(self, go_on: str | None, epochs: int) -> str:
         """What is on disk now, for the line that ends a stopped run."""
         if self.saved is None:
-            if self.checkpoint.exists():
-                return f"This run saved nothing: {self.checkpoint}, an earlier run's, is unchanged."
-            return "This run saved nothing yet."
+            return (f"This run saved nothing: {self.checkpoint}, an earlier run's, is unchanged."
+                    if self.checkpoint.exists() else "This run saved nothing yet.")
         kept = f"; the earlier run's model is kept as {self.kept}" if self.kept else ""
         next_step = (f" Training had finished ({epochs} of {epochs} epochs); only the final test "
                      "and the mistakes picture were cut short." if self.last_epoch == epochs
@@ -340,11 +322,10 @@ def as_words(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
     """Settings as command-line words: ['--lr', '0.001', '--augment', '--hidden', '128', '64']."""
     words = []
     for name in names:
-        value, flag = getattr(args, name), "--" + name.replace("_", "-")
-        if value is True:
-            words.append(flag)
-        elif value is not None and value is not False:
-            words += [flag, *map(str, value if isinstance(value, list) else [value])]
+        value = getattr(args, name)
+        if value is not None and value is not False:
+            words += [f"--{name.replace('_', '-')}", *map(str, value if isinstance(value, list)
+                                                           else [] if value is True else [value])]
     return words
 
 
@@ -352,7 +333,7 @@ def load_training_state(run: RunFiles, args: argparse.Namespace, parser: argpars
                         argv: list[str] | None, names: tuple[str, ...],
                         may_change: tuple[str, ...] = ()) -> argparse.Namespace:
     """For --resume: read the run's checkpoint into run.resumed, and take the run's settings
-    (`names`) into `args`. Those given on the command line must match, except `may_change`.
+    (`names`) into `args`; those given on the command line must match, except `may_change`.
     Returns the run's own settings."""
     if not run.checkpoint.exists():
         raise UsageError(f"--resume: there is no run to resume at {run.checkpoint}: it saved no "
@@ -375,9 +356,8 @@ def load_training_state(run: RunFiles, args: argparse.Namespace, parser: argpars
                                      ) from None
     finally:
         parser.exit_on_error = True
-    argv = sys.argv[1:] if argv is None else argv
-    given = {a.dest for a in parser._actions for o in a.option_strings
-             if any(word == o or word.startswith(o + "=") for word in argv)}
+    given = {a.dest for a in parser._actions for o in a.option_strings for word in
+             (sys.argv[1:] if argv is None else argv) if word == o or word.startswith(o + "=")}
     for name in names:
         if name not in given:
             setattr(args, name, getattr(saved, name))
@@ -393,19 +373,18 @@ def load_training_state(run: RunFiles, args: argparse.Namespace, parser: argpars
 
 
 def command_to_go_on(script: str, argv: list[str] | None, flag: str) -> str:
-    """The command that started this script, with `flag` added, quoted for this system's shell."""
-    words = [w for w in (sys.argv[1:] if argv is None else argv) if w != flag]
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun: as many processes again
-    words = ["python"] * (world == 1) + ["torchrun", f"--nproc_per_node={world}"] * (world > 1) + [
-        script, *words, flag]
+    """The command that started this script, with `flag` added, quoted for this system's shell
+    (and under torchrun, started as many times again)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    words = (["python"] if world == 1 else ["torchrun", f"--nproc_per_node={world}"]) + [
+        script, *[w for w in (sys.argv[1:] if argv is None else argv) if w != flag], flag]
     return subprocess.list2cmdline(words) if os.name == "nt" else shlex.join(words)
 
 
 def download_mnist(data_dir: str | Path, dataset: str) -> None:
-    """Fetch and unpack DATA_DIR/<dataset>/raw/'s files with torchvision, if any is missing (as
-    on a first run); a failure is one common.DataError that says what to do."""
-    data_dir = Path(data_dir)
-    raw = data_dir / dataset / "raw"
+    """Fetch DATA_DIR/<dataset>/raw/'s files with torchvision if any is missing (as on a first
+    run); a failure is one common.DataError that says what to do."""
+    raw = (data_dir := Path(data_dir)) / dataset / "raw"
     if all((raw / f"{split}-{kind}-ubyte").exists() for split in ("train", "t10k")
            for kind in ("images-idx3", "labels-idx1")):
         return
@@ -436,7 +415,6 @@ def download_mnist(data_dir: str | Path, dataset: str) -> None:
                                ) from None
     finally:
         socket.setdefaulttimeout(timeout)
-
 
 
 # Ctrl-C, kill and a closed output --------------------------------------------------------------
@@ -483,24 +461,21 @@ def output_failure(err: OSError) -> str | None:
     return None
 
 
-def output_closed(note: str | None) -> None:
-    """Say `note` on stderr, and point stdout at the null device, so that the flush at exit
-    does not fail again (Python's recipe, in the signal module's "Note on SIGPIPE")."""
-    with contextlib.suppress(OSError):
-        if note:
-            print(note, file=sys.stderr)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
-def stopped(err: BaseException, on_disk: str) -> int:
-    """End a run stopped by Ctrl-C, `kill` or a failed output with one line that says what is
-    `on_disk`, and return its exit code; any other error is raised again."""
+def stopped(err: BaseException, on_disk: str, quiet_pipe: bool = False) -> int:
+    """End a script stopped by Ctrl-C, `kill` or a failed output (any other error is raised
+    again) with one line that says what is `on_disk`; return its exit code."""
     if isinstance(err, KeyboardInterrupt):
         print(f"\ninterrupted: stopped. {on_disk}".rstrip(), file=sys.stderr)
         return 130
     if (why := output_failure(err)) is None:
         raise err
-    output_closed(f"stopped: {why}. {on_disk}".rstrip())
+    with contextlib.suppress(OSError):
+        if not (quiet_pipe and "closed" in why):  # `| head` has its lines: a quiet end
+            print(f"{'error' if quiet_pipe else 'stopped'}: {why}. {on_disk}".rstrip(),
+                  file=sys.stderr)
+        ## Python's recipe (the signal module's "Note on SIGPIPE"): stdout to the null device,
+        ## so that the flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 1
 
 
@@ -515,14 +490,8 @@ def run_script(main: Callable[[], int]) -> None:
             code = main()
             if sys.stdout is not None:  # None: started with stdout closed (`>&-`)
                 sys.stdout.flush()  # here, where a closed pipe can still be caught
-    except KeyboardInterrupt:
-        print("\ninterrupted: stopped.", file=sys.stderr)
-        code = 130
-    except OSError as err:
-        if (why := output_failure(err)) is None:
-            raise
-        output_closed(None if "closed" in why else f"error: {why}.")  # `| head`: quietly
-        code = 1
+    except (KeyboardInterrupt, OSError) as err:
+        code = stopped(err, "", quiet_pipe=True)
     sys.exit(code)
 
 
@@ -547,8 +516,7 @@ def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
             raise UsageError(f"this process is local rank {local_rank}, but this machine has "
                              f"{count} GPU(s): give torchrun --nproc_per_node={count} (at most "
                              "one process per GPU), or --device cpu")
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device := torch.device("cuda", local_rank))
     ## NCCL moves tensors from GPU to GPU; gloo works on CPU tensors. Windows has no NCCL, and
     ## its PyTorch lacks libuv, which gloo asks for unless USE_LIBUV=0 (pytorch/pytorch#139990).
     if sys.platform == "win32":
@@ -566,7 +534,6 @@ def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
 
 
 def distributed() -> bool:
-    """Whether this process has joined torchrun's process group."""
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
@@ -618,13 +585,12 @@ def amp_dtype(choice: str | None, device: torch.device) -> torch.dtype | None:
         ## Not torch.cuda.is_bf16_supported(): it says True where bfloat16 is only emulated
         ## (T4, V100, RTX 20xx: slower than float32), and about the current GPU, not `device`.
         choice = "bf16" if torch.cuda.get_device_capability(device) >= (8, 0) else "fp16"
-    elif choice == "auto":  # CPUs, Apple and Intel GPUs
-        choice = "bf16"
     if choice == "fp16" and device.type == "mps":  # float16 needs a GradScaler
         raise UsageError("--amp fp16 on mps: float16 training needs a GradScaler, which "
                          "PyTorch's MPS backend does not support reliably; use --amp bf16 "
                          "(macOS 14 or later)")
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}[choice]
+    return {"auto": torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16,
+            None: None}[choice]  # "auto" left: a CPU, or Apple's or Intel's GPU
 
 
 def set_maths(device: torch.device, deterministic: bool) -> None:
@@ -647,12 +613,11 @@ def compile_problem(device: torch.device) -> str | None:
     if device.type == "cuda" and importlib.util.find_spec("triton") is None:
         return ("it needs Triton for NVIDIA GPUs, which is not installed (PyTorch's Windows "
                 "wheels do not include it)")
-    if device.type != "cpu":
+    if device.type == "cpu" and sys.platform == "win32" and not shutil.which("cl"):
+        return ("on Windows it needs Microsoft's C++ compiler (cl.exe, from Visual Studio's Build "
+                "Tools); run from an 'x64 Native Tools Command Prompt' that has it")
+    if device.type != "cpu" or sys.platform == "win32":
         return None
-    if sys.platform == "win32":
-        return None if shutil.which("cl") else (
-            "on Windows it needs Microsoft's C++ compiler (cl.exe, from Visual Studio's Build "
-            "Tools); run from an 'x64 Native Tools Command Prompt' that has it")
     if cxx and not shutil.which(cxx[0]):
         return (f"the C++ compiler that CXX names, {cxx[0]}, was not found: fix CXX, or unset "
                 "it to let torch.compile look for g++ or clang++")
