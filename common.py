@@ -12,10 +12,8 @@ MNIST in memory.
 set_seed, get_device, MLP, CNN, train_one_epoch and evaluate each work pasted alone into a file
 that starts with these imports:
 
-    import math
-    import random
+    import math, random
     from collections.abc import Callable, Iterable, Sequence
-
     import torch
     from torch import nn
 
@@ -137,25 +135,26 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
                     scaler: torch.amp.GradScaler | None = None, clip_grad: float | None = None,
                     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
                     log: Callable[[str], None] | None = print) -> float:
-    """Train one pass over `loader`; return the mean loss per sample (criterion: a batch mean)."""
+    """Train one pass over `loader`; return the mean loss per sample (criterion: a batch mean).
+    Per batch, in this order, the five steps: zero_grad, forward, loss, backward, step."""
     device = torch.device(device)
     model.train()  # Dropout and BatchNorm behave as in training; evaluate() switches them back
     total, seen, logged = torch.zeros((), device=device), 0, (0.0, 0)  # sums: now, at last log
     batches = len(loader) if hasattr(loader, "__len__") else "?"  # a generator has no length
     for batch, (inputs, targets) in enumerate(loader, start=1):
         inputs, targets = inputs.to(device), targets.to(device)  # no copy if already there
-        optimizer.zero_grad(set_to_none=True)  # 1. backward() *adds* to .grad: clear it first
-        ## 2. forward, 3. loss; with amp_dtype, autocast runs the matmuls in 16 bits (AMP).
+        optimizer.zero_grad(set_to_none=True)  # zero_grad: backward() *adds* to .grad
+        ## forward, then the loss; with amp_dtype, autocast runs the matmuls in 16 bits (AMP).
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             loss = criterion(model(inputs), targets)
         if scaler is None:  # float32 or bfloat16: the plain steps
-            loss.backward()  # 4. backward: each weight's .grad gets d(loss)/d(weight)
+            loss.backward()  # backward: each weight's .grad gets d(loss)/d(weight)
             if clip_grad is not None:  # shrink the gradients if their joint norm is above it
                 nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
-            ## 5. step: move each weight against its gradient. step() before backward(), or
+            ## step: move each weight against its gradient. step() before backward(), or
             ## zero_grad() between them, raises no error: the model just never learns.
             optimizer.step()
-        else:  # float16's range is narrow: a GradScaler multiplies the loss, then divides back
+        else:  # --amp in float16 (GPUs), whose range is narrow: the loss is scaled up, then back
             scaler.scale(loss).backward()
             if clip_grad is not None:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones

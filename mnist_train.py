@@ -1,16 +1,16 @@
 """Train a small network on MNIST handwritten digits and keep the best model.
 
-    python mnist_train.py --epochs 5               # the MLP: about 97.4% test accuracy
+    python mnist_train.py --epochs 5               # the MLP: about 97.3-97.5% test accuracy
     python mnist_train.py --model cnn --epochs 5   # a small CNN: about 99%, slower on a CPU
     python mnist_train.py --dry-run                # one batch of each phase, to check the script
     python predict.py samples/photo_3.jpg          # then classify a picture (or your own)
 
-What you should see (the MLP, in seconds; docs/measurements.md has the figures per CPU):
+What you should see (the MLP, in seconds; the README says how to read each line):
 
     PyTorch 2.14.1 | device cpu | mlp with 109,386 parameters | 55,000 train / 5,000 val / ...
     epoch 1/5 | train loss 0.2850 | val loss 0.1802 | val acc 0.9422 | 0.6 s | saved best
     ...
-    Test Accuracy: 0.9730 (9730/10000)      # 0.9730 to 0.9748, by the kind of CPU
+    Test Accuracy: 0.9730 (9730/10000)      # 0.9730 to 0.9748, by CPU and thread count
 
 train() is the lesson: 1. data -> 2. model -> 3. loss -> 4. optimizer -> 5. training loop ->
 6. final test. A validation split, held out from the training pictures, picks the best epoch;
@@ -43,7 +43,6 @@ from safeguards import UsageError
 def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
     """The lesson. `run` names the files it writes, and holds what --resume goes on from."""
     rank, world, device = setup(args)  # torchrun's process number and count (0, 1 without it)
-    amp_dtype = safeguards.amp_dtype(args.amp, device)  # --amp: 16-bit maths; None: float32
 
     # 1. data ----------------------------------------------------------------------------------
     ## 60,000 training pictures, of which --val-size are held out to pick the best epoch, and
@@ -71,14 +70,16 @@ def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
 
     # 4. optimizer -----------------------------------------------------------------------------
     optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr, device)
-    scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
     steps = args.epochs * len(train_loader)  # optimizer steps in the whole run
-    scheduler = make_schedule(args.schedule, optimizer, steps)
+    scheduler = make_schedule(args.schedule, optimizer, steps)  # None: a constant rate
+    ## What a real run adds around the loop; by default it changes nothing (skip it at first).
+    amp_dtype = safeguards.amp_dtype(args.amp, device)  # --amp: 16-bit maths; None: float32
+    scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
     if rank == 0:  # what to look at first when training misbehaves
         reports.sanity_report(args.model, model, val_loader, criterion, device,
                               (train_idx, val_idx, test_idx), untrained=not run.resumed)
-    ## Under torchrun, DDP's backward() averages the gradients of all ranks (docs/distributed.md)
-    train_model = safeguards.ddp(model, device) if world > 1 else model  # rank 0's weights for all
+    ## torchrun: DDP's backward() averages the gradients of all ranks (docs/distributed.md)
+    train_model = safeguards.ddp(model, device) if world > 1 else model  # else: model itself
     averaged = weight_average(model, optimizer, steps) if args.ema else None
     eval_model = model if averaged is None else averaged  # --ema: the average is judged, saved
     if args.compile:  # in place: training and evaluation run the compiled code
@@ -100,16 +101,15 @@ def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
                                                 amp_dtype=amp_dtype)
             train_loss, val_loss, val_acc = safeguards.reduce_metrics(  # torchrun: all ranks'
                 train_loss, val_loss, val_acc, len(val_idx[rank::world]), world, device)
-            ## Keep the epoch that does best on validation data, not the last: later epochs
-            ## can overfit, fitting the training pictures more than digits in general.
+            ## Keep a copy (clone) of the weights that do best on validation data, not the last:
+            ## later epochs can overfit, fitting the training pictures more than digits in general.
             if saved := val_acc > best_acc:
                 best_acc, best_epoch = val_acc, epoch
                 best_weights = {k: v.clone() for k, v in eval_model.state_dict().items()}
             if rank == 0:
                 seconds = time.perf_counter() - start
-                history.append([epoch, f"{train_loss:.6f}", f"{val_loss:.6f}",
-                                f"{val_acc:.6f}", f"{seconds:.3f}", int(saved)])
-                with run.saving(epoch, (best_epoch, best_acc)):  # whole files; Ctrl-C waits
+                history.append([epoch, train_loss, val_loss, val_acc, seconds, int(saved)])
+                with run.saving(epoch, (best_epoch, best_acc)):  # every epoch; Ctrl-C waits
                     common.save_checkpoint(
                         run.checkpoint, best_weights, model_name=args.model, mean=mean, std=std,
                         epoch=best_epoch, val_accuracy=best_acc, sizes=sizes, classes=classes,
@@ -363,7 +363,7 @@ def build_parser() -> safeguards.ArgumentParser:
         "precision: --amp alone is bf16, or fp16 on GPUs without native bf16")
     add("--compile", action="store_true", help="torch.compile the model")
     add("--seed", type=safeguards.number_from(0, 2**32 - 1), default=42,
-        help="same seed, same run (bit for bit on a CPU; GPUs: --deterministic)")
+        help="same seed, same run (bit for bit on one CPU and thread count; GPUs: --deterministic)")
     add("--deterministic", action="store_true", help="bit-identical runs on a GPU too (slower)")
     # output
     add("--save-path", type=safeguards.file_path, help="the checkpoint (default: checkpoints/"

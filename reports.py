@@ -64,7 +64,8 @@ def write_history(path: Path, history: list[list], writer) -> None:
     text = io.StringIO()
     rows = csv.writer(text)
     rows.writerow(["epoch", "train_loss", "val_loss", "val_accuracy", "seconds", "saved"])
-    rows.writerows(history)
+    rows.writerows([epoch, *(f"{float(x):.6f}" for x in losses_and_acc), f"{float(s):.3f}", saved]
+                   for epoch, *losses_and_acc, s, saved in history)  # old checkpoints: strings
     common.write_atomically(path, text.getvalue().encode())
     if writer is not None:
         epoch, train_loss, val_loss, val_acc = history[-1][:4]
