@@ -32,10 +32,6 @@ ROUTES = {"/": "GET", "/model": "GET", "/predict": "POST"}  # each path's one me
 LOOPBACK, EVERY_ADDRESS = ("127.0.0.1", "localhost", "::1"), ("0.0.0.0", "::", "")
 
 
-class PortInUse(Exception):
-    """The port is taken by another program (or another server of this page)."""
-
-
 def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: dict,
                 debug: bool = False) -> ThreadingHTTPServer:
     """A server (not yet serving) for the page; `answer(picture bytes)` gives the JSON result,
@@ -201,14 +197,7 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
             if not isinstance(sys.exc_info()[1], ConnectionError):
                 super().handle_error(request, client_address)
 
-    try:
-        server = Server((host, port), Handler)
-    except OSError as err:
-        if err.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
-            raise PortInUse(f"port {port} on {host} is already in use, by another program or "
-                            "another server of this page: pass --port with another number, "
-                            f"such as --port {port + 1 if port < 65535 else 8001}") from err
-        raise
+    server = Server((host, port), Handler)
     server.one_at_a_time = one_at_a_time  # serve() waits on it at Ctrl-C
     return server
 
@@ -251,12 +240,17 @@ def run(host: str, port: int, answer: Callable[[bytes], dict], about: dict,
     """make_server(), then serve() until Ctrl-C; a port or host that fails is one line, code 2."""
     try:
         server = make_server(host, port, answer, about, debug)
-    except (PortInUse, FileNotFoundError) as err:
+    except FileNotFoundError as err:  # the page
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:  # a host name that does not resolve, an address not on this machine
-        print(f"error: cannot listen on {host} port {port}: {err.strerror or err}. Check "
-              "--host (127.0.0.1 for this machine only).", file=sys.stderr)
+    except OSError as err:
+        if err.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
+            print(f"error: port {port} on {host} is already in use, by another program or another "
+                  "server of this page: pass --port with another number, such as "
+                  f"--port {port + 1 if port < 65535 else 8001}", file=sys.stderr)
+        else:  # a host name that does not resolve, an address not on this machine
+            print(f"error: cannot listen on {host} port {port}: {err.strerror or err}. Check "
+                  "--host (127.0.0.1 for this machine only).", file=sys.stderr)
         return 2
     serve(server, host)  # returns only if the server is shut down from another thread
     return 0  # Ctrl-C raises KeyboardInterrupt instead, for the caller's one line and code 130
