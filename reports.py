@@ -1,10 +1,7 @@
-"""What mnist_train.py prints around the lesson: a sanity report before training, and after the
-final test the confusion matrix, a picture of the mistakes and a warning for a run that did not
-learn. These are the seed's troubleshooting steps, done for you: each says what to look at
-first when a run goes wrong.
+"""What mnist_train.py prints around the lesson: a sanity report before training; after the final
+test, the confusion matrix, a picture of the mistakes and a warning for a run that did not learn.
+These are the seed's troubleshooting steps, done for you: each says what to look at first.
 """
-
-from __future__ import annotations
 
 import contextlib
 import csv
@@ -23,8 +20,7 @@ DIGITS = [str(digit) for digit in range(10)]
 
 def sanity_report(name: str, model: nn.Module, loader, criterion: nn.Module, device: torch.device,
                   splits: tuple, untrained: bool = True) -> None:
-    """Versions, device, shapes and ranges, and an `untrained` model's loss: the first things
-    to check when training fails."""
+    """Versions, device, shapes, ranges and an `untrained` model's loss: what to check first."""
     inputs, targets = next(iter(loader))
     params = sum(p.numel() for p in model.parameters())
     print(f"PyTorch {torch.__version__} | device {device} | {name} with {params:,} parameters | "
@@ -44,13 +40,11 @@ def sanity_report(name: str, model: nn.Module, loader, criterion: nn.Module, dev
               "input normalisation and the model's last layer (no softmax before the loss)")
 
 
-
 def open_tensorboard(log_dir: str | None):
     """A TensorBoard SummaryWriter for log_dir, or, without one, a context that yields None."""
     if log_dir is None:
         return contextlib.nullcontext()
-    from torch.utils.tensorboard import SummaryWriter
-
+    from torch.utils.tensorboard import SummaryWriter  # here: only runs that log need it
     return SummaryWriter(log_dir)
 
 
@@ -62,10 +56,10 @@ def rate(scheduler) -> str:
 def write_history(path: Path, history: list[list], writer) -> None:
     """Rewrite the per-epoch CSV, whole, and log the last epoch to TensorBoard."""
     text = io.StringIO()
-    rows = csv.writer(text)
-    rows.writerow(["epoch", "train_loss", "val_loss", "val_accuracy", "seconds", "saved"])
-    rows.writerows([epoch, *(f"{float(x):.6f}" for x in losses_and_acc), f"{float(s):.3f}", saved]
-                   for epoch, *losses_and_acc, s, saved in history)  # old checkpoints: strings
+    header = ["epoch", "train_loss", "val_loss", "val_accuracy", "seconds", "saved"]
+    rows = [[epoch, *(f"{float(x):.6f}" for x in losses), f"{float(s):.3f}", saved]
+            for epoch, *losses, s, saved in history]
+    csv.writer(text).writerows([header, *rows])
     common.write_atomically(path, text.getvalue().encode())
     if writer is not None:
         epoch, train_loss, val_loss, val_acc = history[-1][:4]
@@ -76,8 +70,7 @@ def write_history(path: Path, history: list[list], writer) -> None:
 def after_test(args, mistakes: Path, classes: list[str], images: torch.Tensor,
                guesses: torch.Tensor, truth: torch.Tensor, best_acc: float, n_train: int,
                train_losses: list[float]) -> None:
-    """Print the confusion matrix, draw the first mistakes into `mistakes`, and warn if nothing
-    was learned."""
+    """Print the confusion matrix, draw the first mistakes into `mistakes`, warn if no learning."""
     print(format_confusion_matrix(confusion_matrix(guesses, truth, len(classes)), classes))
     wrong = (guesses != truth).nonzero().flatten()
     if args.dry_run:
@@ -86,8 +79,8 @@ def after_test(args, mistakes: Path, classes: list[str], images: torch.Tensor,
         print("no mistakes on the test set, so no mistakes picture")
     else:
         first = wrong[:64]  # in test-set order: the same picture every run
-        write_png(mistakes, tile_grid([labelled_tile(images[i], classes[truth[i]],
-                                                         classes[guesses[i]]) for i in first]))
+        write_grid(mistakes, [labelled_tile(images[i], classes[truth[i]], classes[guesses[i]])
+                              for i in first])
         print(f"the first {len(first)} of {len(wrong)} mistakes, as pictures: {mistakes}")
     ## Near chance (below twice chance) on validation *and* test: a validation set of a few
     ## pictures can be at 0 by bad luck alone. Runs on fewer than 1,000 pictures get no verdict.
@@ -138,29 +131,23 @@ def labelled_tile(image: torch.Tensor, true: str, guess: str, scale: int = 4) ->
     return tile
 
 
-def tile_grid(tiles: list[Image.Image], columns: int = 8, gap: int = 3) -> Image.Image:
-    """Tiles of one size in rows of `columns`, `gap` pixels of mid-gray around each."""
+def write_grid(path: Path, tiles: list[Image.Image], columns: int = 8, gap: int = 3) -> None:
+    """Write tiles of one size into a PNG, whole, in rows of `columns`, `gap` px of gray apart."""
     w, h = tiles[0].size
     grid = Image.new("L", (min(columns, len(tiles)) * (w + gap) + gap,
                            math.ceil(len(tiles) / columns) * (h + gap) + gap), 128)
     for i, tile in enumerate(tiles):
         grid.paste(tile, (gap + (i % columns) * (w + gap), gap + (i // columns) * (h + gap)))
-    return grid
-
-
-def write_png(path: Path, image: Image.Image) -> None:
-    """Encode a picture as PNG and write it whole, like the checkpoint."""
     buffer = io.BytesIO()
-    image.save(buffer, format="png")
+    grid.save(buffer, format="png")
     common.write_atomically(path, buffer.getvalue())
 
 
 def did_not_learn(best_acc: float, classes: int, lr: float, optimizer: str,
                   train_losses: list[float], clip_grad: float | None = None) -> str:
     """The warning for a run that stayed near chance, with what to check, in order."""
-    ## Which way is the learning rate off? Too high, the steps overshoot and the loss climbs far
-    ## above ln(classes), where an untrained model starts. Otherwise a rate outside the range
-    ## that usually works for the optimizer is the first suspect.
+    ## Which way is the rate off? Too high, steps overshoot and the loss climbs far above where an
+    ## untrained model starts, ln(classes); else a rate out of the optimizer's usual range is.
     start, worst = math.log(classes), max(train_losses)
     low, high, usual = {"adam": (1e-4, 1e-2, "Adam's usual 1e-4 to 1e-2"),
                         "sgd": (1e-3, 1e-1, "SGD's usual 1e-3 to 1e-1")}[optimizer]

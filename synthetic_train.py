@@ -3,25 +3,17 @@
     python synthetic_train.py                 # 10 epochs
     python synthetic_train.py --epochs 20 --lr 3e-3
 
-What you should see: the learning rate climbs during the first epoch (warmup: each line shows
-the rate after its epoch's last step, so the climb itself is inside epoch 1) and then decays
-along a cosine, the loss falls, and validation accuracy climbs from chance (25%, before any
-training; most of that climb is inside epoch 1 too) towards 90%:
+What you should see: the learning rate climbs in epoch 1 (warmup) and then decays along a cosine;
+the loss falls, and validation accuracy climbs from chance (25%), mostly in epoch 1, towards 90%:
 
     8000 train / 2000 val samples, 4 classes (chance accuracy 0.25), device cpu
     epoch  1/10 | lr 0.001000 | train loss 1.2259 | val loss 0.8939 | val acc 0.7305
     ...
     epoch 10/10 | lr 0.000000 | train loss 0.2232 | val loss 0.2394 | val acc 0.9130
 
-Start here when something is wrong with your own training: if this runs, your PyTorch install
-and the loop work, and the problem is in your data, your model or its settings (learning
-rate, batch size). It reuses common.py's train_one_epoch (zero_grad -> forward -> loss ->
-backward -> clip -> step) and evaluate, and adds what the MNIST script does not show: a
-Dataset subclass and choosing an initialisation (Xavier). It also writes out by hand the
-learning-rate warmup and cosine decay that mnist_train.py's --schedule warmup-cosine builds
-from PyTorch's schedulers. Gradient clipping (shrinking the gradients when their joint size
-exceeds a limit, against sudden spikes), optional in the MNIST script, is always on here:
---clip-grad sets the limit.
+If this runs but your own training fails, suspect your data, model or settings, not PyTorch or the
+loop (common.py's). New here: a Dataset subclass, Xavier initialisation, warmup + cosine by hand,
+and gradient clipping: gradients whose joint size passes --clip-grad shrink to it, against spikes.
 """
 
 import math
@@ -37,19 +29,15 @@ import safeguards
 
 # 1. data ------------------------------------------------------------------------------------
 class ClusterDataset(Dataset):
-    """Points scattered around class centres: a learnable problem that is not too easy."""
+    """Noisy points around two centres per class: no straight line separates the classes, so
+    the hidden layer has work to do, and they overlap a little, so accuracy stays below 100%."""
 
-    ## A Dataset answers two questions: how many samples (__len__) and what sample i is
-    ## (__getitem__). DataLoader does the rest: shuffling, batching, worker processes.
-    ## Each class owns two centres, so the hidden layer has work to do: a linear model without
-    ## it reached 81% where this one reaches 93% (20 epochs each). Points get Gaussian noise, so
-    ## the classes overlap a little and accuracy tops out below 100%, like real data. The
-    ## centres are the same for every --seed: the seed changes the points, not the problem.
-
+    ## A Dataset says how many samples it has (__len__) and what sample i is (__getitem__);
+    ## DataLoader does the rest: shuffling, batching, worker processes.
     def __init__(self, size: int, input_dim: int, num_classes: int, seed: int) -> None:
-        centres = torch.randn(2 * num_classes, input_dim,  # same centres for every split
+        centres = torch.randn(2 * num_classes, input_dim,  # one problem for every split and seed
                               generator=torch.Generator().manual_seed(1234)) * 0.45
-        g = torch.Generator().manual_seed(seed)  # different points for each split
+        g = torch.Generator().manual_seed(seed)  # its own points for each split
         which = torch.randint(len(centres), (size,), generator=g)
         self.labels = which % num_classes  # integer labels 0..num_classes-1, as the loss expects
         self.samples = centres[which] + torch.randn(size, input_dim, generator=g) * 0.6
@@ -78,14 +66,10 @@ class SimpleClassifier(nn.Module):
 
 def init_weights(module: nn.Module) -> None:
     """Xavier-uniform weights and zero biases for every nn.Linear."""
-    ## Xavier (Glorot) initialisation scales random weights by the layer's fan-in and fan-out
-    ## (its numbers of inputs and outputs) so that activations and gradients keep roughly the
-    ## same size from layer to layer. Kaiming (He) initialisation, nn.init.kaiming_uniform_, is
-    ## the textbook pick for ReLU layers, and nn.Linear's own default (a scaled-down Kaiming)
-    ## would also do for a net this small: Xavier is here to show how the choice is made in
-    ## code, not because it is better for this net. You choose one yourself when signals
-    ## shrink or explode through many layers, and you must for weights you create yourself with
-    ## nn.Parameter(torch.empty(...)), which start as whatever was in memory.
+    ## Xavier (Glorot) scales random weights by the layer's fan-in and fan-out (inputs, outputs)
+    ## so that activations and gradients keep their size from layer to layer. Kaiming (He,
+    ## nn.init.kaiming_uniform_) is the usual pick for ReLU, and nn.Linear's default would do:
+    ## Xavier shows the choice in code. torch.empty() weights need one: they hold leftover memory.
     if isinstance(module, nn.Linear):
         nn.init.xavier_uniform_(module.weight)
         nn.init.zeros_(module.bias)
@@ -93,7 +77,7 @@ def init_weights(module: nn.Module) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = safeguards.ArgumentParser(description=__doc__.split("\n")[0])
-    positive, add = safeguards.positive, parser.add_argument
+    positive, number_from, add = safeguards.positive, safeguards.number_from, parser.add_argument
     add("--epochs", type=positive(int), default=10, help="passes over the data")
     add("--batch-size", type=positive(int), default=64, help="samples per training step")
     add("--lr", type=positive(float), default=1e-3, help="peak learning rate, after warmup")
@@ -104,13 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     add("--input-dim", type=positive(int), default=20, help="numbers per sample")
     add("--hidden-dim", type=positive(int), default=64, help="units of the hidden layer")
     add("--num-classes", type=int, default=4, help="classes to tell apart")
-    ## 0: batches are made in this process. A sample here is one row of a tensor already in
-    ## memory, far cheaper than starting and feeding worker processes.
-    add("--num-workers", type=safeguards.number_from(0, 64), default=0,
-        help="DataLoader worker processes")
+    ## 0: batches are made in this process: rows of a tensor in memory need no worker processes.
+    add("--num-workers", type=number_from(0, 64), default=0, help="DataLoader worker processes")
     add("--device", default="auto", help="auto, cpu, cuda, mps, xpu")
-    add("--seed", type=safeguards.number_from(0, 2**32 - 1), default=0,
-        help="same seed, same run")
+    add("--seed", type=number_from(0, 2**32 - 1), default=0, help="same seed, same run")
     args = parser.parse_args(argv)
     if args.samples < 4:  # a quarter of --samples is the validation set
         parser.error("--samples must be at least 4")
@@ -127,14 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     generator = common.set_seed(args.seed)
 
-    train_set = ClusterDataset(args.samples, args.input_dim, args.num_classes, seed=args.seed + 1)
-    val_set = ClusterDataset(args.samples // 4, args.input_dim, args.num_classes,
-                             seed=args.seed + 2)
-    ## Shuffle the training data only: a new order each epoch stops the model from learning the
-    ## order; validation order does not matter, and a fixed one makes runs easier to compare.
-    ## generator (from common.set_seed): the shuffled order depends on --seed alone.
+    train_set = ClusterDataset(args.samples, args.input_dim, args.num_classes, args.seed + 1)
+    val_set = ClusterDataset(args.samples // 4, args.input_dim, args.num_classes, args.seed + 2)
+    ## Shuffle the training data only (a new order each epoch: the model cannot learn the order).
     train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True,
-                              generator=generator, num_workers=args.num_workers)
+                              generator=generator, num_workers=args.num_workers)  # by --seed
     ## Evaluation keeps no gradients, so bigger batches fit; the size does not change the result.
     val_loader = DataLoader(val_set, batch_size=256, num_workers=args.num_workers)
 
@@ -143,11 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     # 3. loss and 4. optimizer -------------------------------------------------------------------
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    ## Warmup + cosine, stepped once per batch. Early on, Adam's running averages of each
-    ## gradient and of its square, which size its steps, are poor estimates, and the weights are
-    ## random, so full-size steps can throw the model somewhere bad: the warmup ramps the rate
-    ## up linearly. Cosine decay then shrinks steps smoothly to zero so that the model settles
-    ## into a minimum. (Built-in equivalent: SequentialLR of LinearLR and CosineAnnealingLR.)
+    ## Warmup + cosine, stepped per batch. Early on, with random weights and Adam's averages still
+    ## poor, full steps can throw the model somewhere bad: the rate ramps up linearly. The cosine
+    ## then shrinks the steps to zero, so the model settles. (mnist_train.py uses SequentialLR.)
     total_steps = args.epochs * len(train_loader)
     warmup_steps = max(1, round(args.warmup_epochs * len(train_loader)))
 
@@ -160,9 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine)
 
     # 5. training loop ---------------------------------------------------------------------------
-    chance = 1 / args.num_classes
     print(f"{len(train_set)} train / {len(val_set)} val samples, {args.num_classes} classes "
-          f"(chance accuracy {chance:.2f}), device {device}")
+          f"(chance accuracy {1 / args.num_classes:.2f}), device {device}")
     for epoch in range(1, args.epochs + 1):
         try:
             train_loss = common.train_one_epoch(model, train_loader, criterion, optimizer, device,
