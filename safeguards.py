@@ -1,12 +1,9 @@
-"""What keeps the scripts working in real use, out of the lesson's way.
+"""What keeps the scripts working in real use, out of the lesson's way; each piece is one call.
 
-The lessons (mnist_train.train, predict.main) read without this file: they call each piece in
-one line. This is where their promises are kept: command lines that name a mistyped flag and
-refuse what cannot work before any work (UsageError: argparse's exit code 2); output paths
-checked first; an earlier run's files never replaced; --resume; Ctrl-C, `kill` and a closed
-output ending a script with one line; torchrun; and the rules of platforms this code may run on.
-The scripts import this module and it imports common.py, never the reverse; it knows no
-script's flags or file names: the scripts hand them over.
+Command lines that refuse what cannot work before any work; output paths checked first; an
+earlier run's files never replaced; --resume; Ctrl-C, `kill` and a closed output ending a
+script with one line; torchrun; the rules of platforms. Scripts import it, it imports common.py,
+never the reverse, and it knows no script's flags or files: the scripts hand them over.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ import difflib
 import errno
 import glob
 import importlib.util
-import math
 import os
 import shlex
 import shutil
@@ -50,15 +46,13 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(formatter_class=HelpFormatter, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
+        ## The unrecognized words up to "--" (after it, none is a flag)
+        words = message.split()[2:] if message.startswith("unrecognized arguments") else []
         flags = [o for action in self._actions for o in action.option_strings]
-        for word in message.split()[2:] if message.startswith("unrecognized arguments") else []:
-            if (typed := word.split("=")[0]) == "--":  # what follows "--" is not a flag
-                break
-            meant = typed.startswith("--") and ([f for f in flags if f.startswith(typed)]
-                                                or difflib.get_close_matches(typed, flags, 1, 0.8))
-            if meant:
-                message += f" (did you mean {' or '.join(meant)}?)"
-                break
+        for typed in [w.split("=")[0] for w in words[: (words + ["--"]).index("--")]]:
+            if typed.startswith("--") and (meant := [f for f in flags if f.startswith(typed)]
+                                           or difflib.get_close_matches(typed, flags, 1, 0.8)):
+                super().error(f"{message} (did you mean {' or '.join(meant)}?)")  # exits
         super().error(message)
 
 
@@ -71,18 +65,14 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def positive(kind: type) -> Callable[[str], int | float]:
     """argparse type: a positive, finite int or float, within PyTorch's sizes and float32."""
+    limit, shown = (2**31 - 1, "2147483647") if kind is int else (1e30, "1e30")  # float32: 3e38
+
     def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive{' whole' * (kind is int)} "
-                                             f"number, got {text!r}") from None
-        if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, got {text}")
-        if value > (2**31 - 1 if kind is int else 1e30):
-            limit = 2**31 - 1 if kind is int else "1e30"
-            raise argparse.ArgumentTypeError(f"must be at most {limit}, got {text}")
-        return value
+        with contextlib.suppress(ValueError):
+            if 0 < (value := kind(text)) <= limit:  # nan and inf fail too
+                return value
+        raise argparse.ArgumentTypeError(f"expected a{' whole' * (kind is int)} number above 0 "
+                                         f"and at most {shown}, got {text!r}")
     return parse
 
 
@@ -207,14 +197,10 @@ def failure(err: Exception, expected: type, debug: bool, prefix: str) -> str:
 
 
 class RunFiles:
-    """The files of one training run, and what became of an earlier run's files at its path.
-
-    The checkpoint holds the run's best model and the training state of its last epoch (what
-    --resume goes on from); beside it are the metrics of every epoch (.csv) and the test set's
-    mistakes (_mistakes.png). "Best" is best within one run, so a new run never writes over an
-    earlier one's files: at its first save it renames them, stamped with the time the earlier
-    checkpoint was written (mnist_mlp.2026-12-01_10-05-33.pt). The newest model is then always
-    where predict.py looks.
+    """A run's files: the checkpoint (its best model, and its last epoch's training state for
+    --resume), the metrics (.csv) and the test set's mistakes (_mistakes.png). A new run never
+    writes over an earlier one's: at its first save it renames them, stamped with the time they
+    were written (mnist_mlp.2026-12-01_10-05-33.pt), so the newest model is where predict.py looks.
     """
 
     def __init__(self, checkpoint: Path, dry_run: bool = False) -> None:
@@ -409,10 +395,8 @@ def download_mnist(data_dir: str | Path, dataset: str) -> None:
         reason = ([line.strip() for line in str(err).splitlines() if line.strip()]
                   or [type(err).__name__])[-1].rstrip(".")  # the last mirror's answer
         raise common.DataError(f"{dataset} is not in {raw}/ and downloading it failed: {reason}. "
-                               f"Run once with internet access, or put its four files into {raw}/"
-                               ", unpacked (a .gz there that fails torchvision's checksum, such as"
-                               " a Linux package's, is damaged for it: gunzip -k it there)"
-                               ) from None
+                               f"Run once online, or put its four files into {raw}/, unpacked "
+                               "(gunzip -k a .gz that torchvision's checksum refuses)") from None
     finally:
         socket.setdefaulttimeout(timeout)
 
@@ -521,10 +505,8 @@ def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
     ## its PyTorch lacks libuv, which gloo asks for unless USE_LIBUV=0 (pytorch/pytorch#139990).
     if sys.platform == "win32":
         os.environ.setdefault("USE_LIBUV", "0")
-    ## Imported before the group exists, on purpose: its functions take the group as a default
-    ## argument, fixed at import. Imported later (the optimizer does), they would keep the group
-    ## and its gloo threads alive after it is destroyed, and a thread still running as Python
-    ## shuts down can abort a finished run.
+    ## Imported before the group exists: its functions take the group as a default argument.
+    ## Imported later (the optimizer does), they keep it alive, and its threads abort the exit.
     import torch.distributed.nn as _  # noqa: F401
 
     dist = torch.distributed
@@ -609,21 +591,15 @@ def set_maths(device: torch.device, deterministic: bool) -> None:
 def compile_problem(device: torch.device) -> str | None:
     """Why torch.compile cannot work here (it compiles new code: C++ on the CPU, Triton kernels
     on NVIDIA GPUs), found before any work rather than at the first batch; None if it can."""
-    cxx = os.environ.get("CXX", "").split()  # the compiler torch.compile uses, if set
     if device.type == "cuda" and importlib.util.find_spec("triton") is None:
-        return ("it needs Triton for NVIDIA GPUs, which is not installed (PyTorch's Windows "
-                "wheels do not include it)")
-    if device.type == "cpu" and sys.platform == "win32" and not shutil.which("cl"):
-        return ("on Windows it needs Microsoft's C++ compiler (cl.exe, from Visual Studio's Build "
-                "Tools); run from an 'x64 Native Tools Command Prompt' that has it")
-    if device.type != "cpu" or sys.platform == "win32":
-        return None
-    if cxx and not shutil.which(cxx[0]):
-        return (f"the C++ compiler that CXX names, {cxx[0]}, was not found: fix CXX, or unset "
-                "it to let torch.compile look for g++ or clang++")
-    if not cxx and not any(map(shutil.which, ("g++", "clang++", "c++"))):
-        return ("on the CPU it needs a C++ compiler, and none was found (install g++ or clang, "
-                "e.g. with Xcode's command line tools on a Mac)")
+        return "it needs Triton for NVIDIA GPUs, which is not installed (Windows wheels lack it)"
+    ## The compiler torch.compile calls: cl.exe on Windows, else CXX if set, else g++ or clang++
+    names = (["cl"] if sys.platform == "win32" else os.environ.get("CXX", "").split()[:1]
+             or ["g++", "clang++", "c++"])
+    if device.type == "cpu" and not any(map(shutil.which, names)):
+        return (f"on the CPU it needs a C++ compiler, and {' or '.join(names)} was not found: "
+                "install one (Visual Studio's Build Tools on Windows, Xcode's command line tools "
+                "on a Mac), or fix CXX")
     return None
 
 
@@ -632,12 +608,8 @@ def missing_gpu_note(device: torch.device) -> str | None:
     installed (nvidia-smi is looked up, never run: running it takes seconds); else None."""
     if device.type != "cpu" or not is_main_process() or shutil.which("nvidia-smi") is None:
         return None
-    if torch.version.cuda is None:
-        return ("note: an NVIDIA driver is installed (nvidia-smi), but this PyTorch "
-                f"({torch.__version__}) is a CPU-only build, so this runs on the CPU. For the "
-                "GPU, install PyTorch's CUDA build: the command for your system is on "
-                "https://pytorch.org/get-started/locally/ (on Windows, pip's default is CPU-only)")
-    return (f"note: an NVIDIA driver is installed (nvidia-smi) and this PyTorch is built for CUDA "
-            f"{torch.version.cuda}, but it finds no usable GPU, so this runs on the CPU. Run "
-            "nvidia-smi: if it fails, reinstall the driver; if it works, the driver may be too "
-            f"old for CUDA {torch.version.cuda}, or CUDA_VISIBLE_DEVICES hides the GPU")
+    return "note: an NVIDIA driver is installed (nvidia-smi), but this runs on the CPU: " + (
+        f"this PyTorch ({torch.__version__}) is a CPU-only build; install the CUDA build from "
+        "https://pytorch.org/get-started/locally/" if torch.version.cuda is None else
+        f"this PyTorch is built for CUDA {torch.version.cuda}, but it finds no usable GPU: the "
+        "driver may be too old for it, or CUDA_VISIBLE_DEVICES hides the GPU")

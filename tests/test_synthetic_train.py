@@ -53,10 +53,10 @@ def test_a_diverging_run_ends_with_one_line_and_exit_code_1(capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--lr", "inf"], "--lr: must be a finite number greater than 0, got inf"),
-    (["--lr", "1e39"], "--lr: must be at most 1e30, got 1e39"),  # beyond float32
-    (["--clip-grad", "nan"], "--clip-grad: must be a finite number greater than 0, got nan"),
-    (["--epochs", "0"], "--epochs: must be a finite number greater than 0, got 0"),
+    (["--lr", "inf"], "--lr: expected a number above 0 and at most 1e30, got 'inf'"),
+    (["--lr", "1e39"], "--lr: expected a number above 0 and at most 1e30, got '1e39'"),
+    (["--clip-grad", "nan"], "--clip-grad: expected a number above 0 and at most 1e30, got 'nan"),
+    (["--epochs", "0"], "--epochs: expected a whole number above 0 and at most"),
     (["--num-workers", "-1"], "--num-workers: expected a whole number from 0 to 64"),
     (["--num-workers", "100000"], "--num-workers: expected a whole number from 0 to 64"),
     (["--samples", "3"], "--samples must be at least 4"),
