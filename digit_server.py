@@ -15,7 +15,6 @@ classifies one picture at a time, and drops a client that has not sent its reque
 
 import ipaddress
 import json
-import math
 import socket
 import sys
 import threading
@@ -64,13 +63,11 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
             if not self.allowed():
                 return
             length = self.headers.get("Content-Length")
-            if self.headers.get("Transfer-Encoding") is not None:  # chunked: a length unknown
-                self.fail(HTTPStatus.LENGTH_REQUIRED,
-                          "send the picture with a Content-Length, not chunked")
+            if length is None or self.headers.get("Transfer-Encoding") is not None:  # chunked
+                self.fail(HTTPStatus.LENGTH_REQUIRED, "send the picture with a Content-Length, "
+                          "not chunked")
             elif len(self.headers.get_all("Content-Length", [])) > 1:  # which one is meant?
                 self.fail(HTTPStatus.BAD_REQUEST, "more than one Content-Length")
-            elif length is None:
-                self.fail(HTTPStatus.LENGTH_REQUIRED, "send the picture with a Content-Length")
             ## isascii(): isdigit() alone also accepts digits such as "²", which int() refuses.
             elif not (length.isascii() and length.isdigit()):
                 self.fail(HTTPStatus.BAD_REQUEST,
@@ -80,15 +77,11 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
 
         def receive(self, length: str) -> None:
             """Read a body of `length` bytes, classify it, and answer."""
-            ## int() refuses more than 4,300 digits (a guard against slow conversions): a length
-            ## that long is far over the limit anyway, and is refused before int() sees it.
+            ## int() refuses over 4,300 digits: a length that long is refused before it sees it.
             digits = length.lstrip("0") or "0"  # leading zeros count as digits for int() too
-            size = int(digits) if len(digits) <= 15 else None
-            if size is None or size > MAX_BODY:  # refused unread
-                said = (f"{math.ceil(size / 2**20 * 10) / 10} MB" if size is not None  # 20.1
-                        else "far too large")
+            if len(digits) > 15 or (size := int(digits)) > MAX_BODY:  # refused unread
                 self.fail(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                          f"the picture is {said}; the limit is {MAX_BODY // 2**20} MB")
+                          f"the picture is over the limit of {MAX_BODY // 2**20} MB")
                 return
             ## A slot for the body: all 4 held (by slow uploads, say) for a whole minute is busy.
             if not uploads.acquire(timeout=self.timeout):
@@ -264,13 +257,11 @@ def serve(server: ThreadingHTTPServer, host: str) -> None:
     shown = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
     print(f"Open http://{shown if ':' not in shown else f'[{shown}]'}:{port}/ in a browser "
           "to draw a digit. Ctrl-C to stop.", flush=True)
-    if host in EVERY_ADDRESS:
-        print("note: listening on every address of this machine: other machines on your network "
-              f"can use this page too, at http://{socket.gethostname()}:{port}/ or this "
-              "machine's IP address.", flush=True)
-    elif host not in LOOPBACK:
-        print(f"note: listening on {host}: other machines on your network can use this page "
-              "too, at the address above.", flush=True)
+    if host not in LOOPBACK:
+        where = "every address of this machine" if host in EVERY_ADDRESS else host
+        print(f"note: listening on {where}: other machines on your network can use this page "
+              f"too, at http://{socket.gethostname()}:{port}/ or this machine's IP address.",
+              flush=True)
     try:
         server.serve_forever()
     finally:

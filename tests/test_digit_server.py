@@ -111,7 +111,7 @@ def test_a_missing_or_unreadable_content_length_is_refused(page_server, length):
             "error": f"Content-Length {length!r} is not a whole number"}
     else:
         assert response.status == 411 and answer == {
-            "error": "send the picture with a Content-Length"}
+            "error": "send the picture with a Content-Length, not chunked"}
     assert request(page_server, "POST", "/predict", drawn(3))[0] == 200
 
 
@@ -146,10 +146,8 @@ def hang_up_mid_request(port: int, body: bytes) -> None:
 
 
 ## A length of 5,000 digits is more than int() converts (4,300): refused all the same.
-@pytest.mark.parametrize("length, said", [(str(21 * 2**20), "21.0 MB"),
-                                          (str(20 * 2**20 + 1), "20.1 MB"),  # not "20.0"
-                                          ("9" * 5000, "far too large")])
-def test_a_body_over_the_limit_gets_413_without_being_read(page_server, length, said):
+@pytest.mark.parametrize("length", [str(21 * 2**20), str(20 * 2**20 + 1), "9" * 5000])
+def test_a_body_over_the_limit_gets_413_without_being_read(page_server, length):
     ## Only the headers are sent: the server must answer without waiting for 21 MB.
     connection = socket.create_connection(("127.0.0.1", page_server), timeout=30)
     connection.sendall(f"POST /predict HTTP/1.1\r\nHost: 127.0.0.1:{page_server}\r\n"
@@ -160,7 +158,7 @@ def test_a_body_over_the_limit_gets_413_without_being_read(page_server, length, 
     connection.close()
     reply = reply.decode()
     assert reply.startswith("HTTP/1.0 413") or reply.startswith("HTTP/1.1 413")
-    assert f"the picture is {said}; the limit is 20 MB" in reply
+    assert "the picture is over the limit of 20 MB" in reply
     assert request(page_server, "POST", "/predict", drawn(3))[0] == 200
 
 
