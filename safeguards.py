@@ -153,21 +153,15 @@ def expand_patterns(paths: list[Path]) -> list[Path]:
 
 
 def new_names(paths: list[Path], folder: Path | None) -> dict[Path, str]:
-    """{path: a name for what is written about it into `folder`}: its stem, or stem-2, -3...,
-    never the name of one of `paths` in that folder, and compared without case (as Windows and
-    macOS do)."""
-    def in_folder(path: Path) -> bool:
-        with contextlib.suppress(OSError, TypeError):
-            return os.path.samefile(path.parent, folder)
-        return False
-
-    used, names = {p.stem.casefold() for p in paths if p.suffix.lower() == ".png"
-                   and in_folder(p)}, {}
+    """{path: the stem of what is written about it into `folder`}: its own, or stem-2, -3...,
+    never one of `paths` nor used twice, compared without case (as Windows and macOS do)."""
+    taken, names = {os.path.realpath(p).casefold() for p in paths}, {}
     for path in paths:
-        n = 1
-        while (name := path.stem if n == 1 else f"{path.stem}-{n}").casefold() in used:
+        name, n = path.stem, 1
+        while (real := os.path.realpath(Path(folder or ".", name + ".png")).casefold()) in taken:
             n += 1
-        used.add(name.casefold())
+            name = f"{path.stem}-{n}"
+        taken.add(real)
         names[path] = name
     return names
 

@@ -246,8 +246,8 @@ def real_test_accuracy(tmp_path, capsys, *args):
 def test_real_mnist_mlp_reaches_97_percent_in_5_epochs_as_the_readme_says(tmp_path, capsys):
     accuracy, line = real_test_accuracy(tmp_path, capsys, "--epochs", "5")
     assert accuracy >= 0.970, line
-    ## The README states what this very command prints, per kind of CPU: on another CPU the
-    ## last digits may differ a little (other vector instructions, other rounding).
+    ## The README states the range this very command prints: another CPU or thread count
+    ## rounds differently (other vector instructions, sums split otherwise).
     row = next(r for r in (REPO / "README.md").read_text().splitlines()
                if r.startswith("| `python mnist_train.py --epochs 5` |"))
     stated = [float(v) for v in row.split("|")[2].replace("-", " ").split() if v[0].isdigit()]
