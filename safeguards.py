@@ -325,7 +325,7 @@ def load_training_state(run: RunFiles, args: argparse.Namespace, parser: argpars
                          "saved before --resume existed): start a new run without --resume")
     try:  # the saved settings go through argparse's checks, as if typed: damage fails there
         parser.exit_on_error = False
-        saved, extra = parser.parse_known_args(state["settings"])
+        saved, extra = parser.parse_known_args(list(state["settings"]))  # None: reads sys.argv
         missing = [k for k in ("epoch", "model", "optimizer", "rng", "history") if k not in state]
         if extra or missing:
             raise ValueError(f"unknown settings {' '.join(extra)}" if extra else

@@ -618,7 +618,8 @@ def edited(path, edit):
     (lambda state: state.update(settings=None), "its training state is damaged"),
 ])
 def test_resume_of_a_state_from_another_run_or_version_is_one_line(tiny_mnist, tmp_path, capsys,
-                                                                   edit, message):
+                                                                   monkeypatch, edit, message):
+    monkeypatch.setattr(sys, "argv", ["mnist_train.py"])  # as `python -m pytest` alone leaves it
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "1") == 0
     edited(tmp_path / "a.pt", edit)
     best = (tmp_path / "a.pt").read_bytes()
