@@ -758,11 +758,7 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     ## anti-aliased edges MNIST digits have. Measured the way stroke_width() measures, at this 4x
     ## size and divided by 4, MNIST's strokes are 1.3 to 3.1 px wide in the 20-px box for 90% of
     ## its digits, 2 px typically.
-    big = fit(digit, DIGIT_BOX)
-    ## The 99th percentile becomes 1 (not the maximum, which one stray bright pixel could set):
-    ## faint thin lines reach full ink.
-    big = big / top_quantile(big.flatten(), 0.99).clamp(min=1e-3)
-    big = F.pad(big.clamp(0, 1), (12, 12, 12, 12))  # black room for strokes to grow into
+    big = at_4x(digit)
     width = stroke_width(big > 0.5)
     if width < 6:
         ## A line this thin covers only part of each pixel it crosses, and its shades say how
@@ -785,6 +781,16 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     h, w = big.shape
     big = F.pad(big, (0, -w % 4, 0, -h % 4))  # whole 4x4 blocks
     return F.avg_pool2d(big[None, None], 4)[0, 0]
+
+
+def at_4x(digit: torch.Tensor) -> torch.Tensor:
+    """The digit with its long side DIGIT_BOX px (MNIST's 20-px box at 4x), its inkiest pixels
+    at full ink, and black room around it: where stroke widths are measured and changed."""
+    big = fit(digit, DIGIT_BOX)
+    ## The 99th percentile becomes 1 (not the maximum, which one stray bright pixel could set):
+    ## faint thin lines reach full ink.
+    big = big / top_quantile(big.flatten(), 0.99).clamp(min=1e-3)
+    return F.pad(big.clamp(0, 1), (12, 12, 12, 12))  # black room for strokes to grow into
 
 
 def bounding_box(mask: torch.Tensor) -> tuple[int, int, int, int]:
