@@ -583,6 +583,27 @@ def test_real_mnist_digits_are_not_taken_for_specks(monkeypatch):
     assert warned <= {6572}
 
 
+@pytest.mark.parametrize("scenario", ["photo", "pencil"])
+def test_mnist_digits_drawn_as_pictures_come_back_with_their_own_ink(scenario, monkeypatch):
+    ## The round trip of `benchmarks/realistic_digits.py roundtrip` on a few digits: drawn as a
+    ## photo or in pencil, each keeping its own stroke width, and cleaned up, MNIST digits come
+    ## back about as bold as they were (ink ratio) and with their own pixels (correlation).
+    import common
+
+    root = os.environ.get("MNIST_DATA_DIR")
+    if not (root and Path(root, "MNIST", "raw").is_dir()):
+        pytest.skip("set MNIST_DATA_DIR to a folder containing MNIST/raw to check real digits")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import realistic_digits
+
+    images, _ = common.load_mnist(root, train=False)
+    picks = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:16]
+    [(cleaned, _)] = realistic_digits.round_trip(images[picks], scenario, seed=0)
+    originals = images[picks].float() / 255
+    assert 0.95 < realistic_digits.ink_ratios(cleaned, originals).median() < 1.05
+    assert realistic_digits.correlations(cleaned, originals).median() > 0.85
+
+
 def test_the_boldest_real_mnist_digits_are_not_taken_for_dots(monkeypatch):
     ## Through the whole clean-up, as a photo of them would go (MNIST's own 28x28 pictures skip
     ## it): the 100 with the most ink have the widest strokes for their size.
