@@ -44,14 +44,15 @@ MIN_CONTRAST = 0.08  # ink differs from the paper by this much (0..1) at the lea
 ## one pixel wide, full height. What makes a digit is its span, then, and a digit can still be
 ## read at a third of MNIST's height. Ink that spans fewer pixels than this is a speck.
 SPECK_EXTENT = 6
-## A dot (a tap on the page, a full stop) is as wide as it is long. stroke_width() reads a
-## round dot's width as half its diameter, so a dot is about 2 "widths" long, and every digit's
-## strokes are longer. Ink less than this many times as long as its strokes are wide is a dot
-## (see is_a_dot()).
+## Ink less than this many times as long as its strokes are wide is a dot (a tap on the page, a full
+## stop), not a digit: see is_a_dot().
 DOT_LENGTH = 3.2
 ## A number or a word is several digit-sized marks side by side, or one mark much wider than
 ## tall; no digit is wider than about twice its height (MNIST's widest: 2.2).
 MAX_ASPECT = 2.5
+## MNIST's stroke widths as mnist_strokes() measures them (at 4x), on its 60,000 training digits:
+MNIST_WIDTH = 8.0  # the median; strokes outside the usual range are brought to it
+MNIST_WIDTHS = (5.9, 11.2)  # the usual range: the 10th to the 90th percentile
 
 
 class ImageProblem(Exception):
@@ -60,10 +61,8 @@ class ImageProblem(Exception):
 
 def one_thread(function):
     """Run `function` with torch limited to one thread, and give the caller's setting back."""
-    ## The clean-up works on small tensors (a few hundred pixels across), where splitting an
-    ## operation over several threads costs more than it saves. Worse, on a busy machine
-    ## threads wait for each other: with a second process running, two threads on two cores
-    ## made the clean-up several times slower; with one thread, less than twice as slow as alone.
+    ## On small tensors (a few hundred pixels across), splitting an operation over threads costs
+    ## more than it saves, and on a busy machine the threads wait for each other.
     @functools.wraps(function)
     def on_one_thread(*args, **kwargs):
         threads = torch.get_num_threads()
@@ -143,7 +142,7 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
         ## Transparent pixels have arbitrary colour underneath (often black, like the ink).
         ## Put them on white paper, the way the picture looks in a viewer.
         ## Many such pictures are opaque all over (an alpha channel saved out of habit): for
-        ## them, compositing would give the same colours and take 10 ms per megapixel.
+        ## them, compositing would give the same colours, at the cost of a pass over every pixel.
         img = img.convert("RGBA")
         if img.getchannel("A").getextrema() != (255, 255):
             img = Image.alpha_composite(Image.new("RGBA", img.size, "white"), img)
@@ -266,7 +265,7 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     if is_a_dot(dark_holes_filled(mask, crop, dark_ink)):
         return blank, "no digit found: the ink is a dot, not a digit"
     ## Keep the soft edge pixels around the strokes (MNIST has them too), but only there.
-    near = window_max(mask.float(), 3) > 0
+    near = window_max(mask.float(), 5) > 0
     digit = (ink * near)[top:bottom, left:right]
     return centre_by_mass(mnist_strokes(digit), 28), more_than_one_digit(mask, others)
 
@@ -305,11 +304,11 @@ def more_than_one_digit(mask: torch.Tensor, others: int) -> str | None:
 def is_a_dot(mask: torch.Tensor) -> bool:
     """Whether the digit's ink is about as long as its strokes are wide: a dot, not a digit."""
     ## Measured on the digit cut out at DIGIT_BOX px, so that small ink is enlarged first.
-    ## stroke_width() gives a stroke's width w; for a round dot of diameter D it gives D / 2, so
-    ## a dot is 2 widths long (2.5 to 2.7 as pixels draw it, up to 2.9 for a dot only 6 px
-    ## across, enlarged from few pixels). Every digit is strokes several widths long: at least
-    ## 3.5 for the boldest of MNIST's test digits, 3.8 for benchmarks/realistic_digits.py's
-    ## pictures, 5.6 for the README's real pictures. DOT_LENGTH lies between.
+    ## stroke_width() gives a stroke's width w; for a round dot of diameter D it gives D / 2, so a
+    ## dot is 2 widths long (2.5 to 2.7 as pixels draw it, up to 2.9 for a dot only 6 px across,
+    ## enlarged from few pixels). Every digit is strokes several widths long: at least 3.5 for the
+    ## boldest of MNIST's test digits, and more for drawn and photographed ones. DOT_LENGTH lies
+    ## between.
     top, bottom, left, right = bounding_box(mask)
     length = max(bottom - top, right - left)
     if length < 12:  # too few pixels: the outline would be most of the ink, no verdict
@@ -466,14 +465,13 @@ def grain(x: torch.Tensor) -> float:
 def ink_cut(x: torch.Tensor) -> float:
     """How far a pixel must stand out from the paper to be ink: MIN_CONTRAST, or 5 times the
     grain on paper grainier than that (max(MIN_CONTRAST, 5 * grain(x)))."""
-    ## grain() takes a median, a partial sort of every pixel: 3-7 ms on a 640-px picture. It
-    ## matters only when it is above MIN_CONTRAST / 5, and it seldom is (on the README's real
-    ## pictures, in 9 calls of 1,218, all on photos). Whether the median step lies at or below
-    ## a level is a count, one pass: at least (n - 1) // 2 + 1 of the n steps at or below it
-    ## (torch's median of an even number of values is the lower middle one, the value
-    ## (n - 1) // 2 places up from the smallest). The level is 0.9 times the step that would
-    ## matter, so that rounding cannot tip the answer: the result is max(MIN_CONTRAST,
-    ## 5 * grain(x)) to the last bit either way.
+    ## grain() takes a median, a partial sort of every pixel. It matters only when it is above
+    ## MIN_CONTRAST / 5, and it seldom is (only on some photos). Whether the median step lies at or
+    ## below a level is a count, one pass: at least (n - 1) // 2 + 1 of the n steps at or below it
+    ## (torch's median of an even number of values is the lower middle one, the value (n - 1) // 2
+    ## places up from the smallest). The level is 0.9 times the step that would matter, so that
+    ## rounding cannot tip the answer: the result is max(MIN_CONTRAST, 5 * grain(x)) to the last bit
+    ## either way.
     steps = x.flatten().diff().abs()
     level = 0.9 * (MIN_CONTRAST / 5) * math.sqrt(2) / 1.4826  # median step: 5 * grain = 0.9 x
     if int((steps <= level).sum()) > (steps.numel() - 1) // 2:
@@ -546,7 +544,7 @@ def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
     ## straight *and* repeated: only when two or more such lines span the picture is the paper
     ## ruled, and only then are they removed. This runs on a copy at most 256 pixels across.
     small, restore = at_most(mask, 256)
-    lines = torch.zeros_like(small)
+    lines, on_lines = torch.zeros_like(small), [torch.zeros_like(small)] * 2
     for along in (0, 1):  # 0: horizontal lines, 1: vertical lines
         m = (small if along == 0 else small.T).float()
         ## A line fills more than 0.6 of its row with ink (full_rows below), and only the row's
@@ -564,8 +562,10 @@ def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
             ## Spare the pixels where a stroke crosses a line (ink runs on 2 px to both sides
             ## of it, wider than a printed line), so that the line does not cut the digit in two.
             crossing = -window_max(-m, 5, 1) > 0  # the minimum of a 5-pixel column
-            found = on_line & full_rows[:, None] & ~crossing
-            lines |= found if along == 0 else found.T
+            found = on_line & full_rows[:, None]
+            on_lines[along] = found if along == 0 else found.T  # crossings included
+            lines |= on_lines[along] & ~(crossing if along == 0 else crossing.T)
+    lines |= on_lines[0] & on_lines[1]  # squared paper: where printed lines cross, not a stroke
     return restore(lines) & mask
 
 
@@ -729,7 +729,11 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
             dark_ink: bool) -> tuple[torch.Tensor, float]:
     """The digit that `mask` marks on a copy `factor` times smaller, cut out of `gray` with a
     margin of paper, scaled so its long side is DIGIT_BOX pixels; and that scale."""
-    top, bottom, left, right = (side * factor for side in bounding_box(mask))
+    top, bottom, left, right = bounding_box(mask)
+    ## The strokes' width as it will be in the DIGIT_BOX (paper all round: the whole outline).
+    box = F.pad(mask[top:bottom, left:right].float(), (1, 1, 1, 1))
+    width = stroke_width(box) * DIGIT_BOX / max(bottom - top, right - left)
+    top, bottom, left, right = (side * factor for side in (top, bottom, left, right))
     size = max(bottom - top, right - left)
     margin = size / 2 + 2  # enough paper around the digit to measure the paper by
     h, w = gray.shape
@@ -740,51 +744,53 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
     if scale >= 1:  # enlarged smoothly (bicubic), with sharper edges than bilinear would give
         resized = F.interpolate(crop[None, None], size=out_size, mode="bicubic")[0, 0]
         return resized.clamp(0, 1), scale
-    ## Shrinking averages each cell of pixels into one. A line much thinner than a cell (a
-    ## 1-px pen line on a big canvas) fades into the paper that way, and its thinnest stretches
-    ## fade most. The inkiest pixel of each cell keeps such a line at full strength; half of
-    ## each keeps thin lines at least half as strong as thick ones, and thick strokes as they
-    ## are.
+    ## Shrinking averages each cell of pixels into one: a stroke keeps its own ink. A line thinner
+    ## than MNIST's (a 1-px pen line on a big canvas) would fade, and mnist_strokes() redraws it
+    ## at MNIST's width anyway: each cell keeps its inkiest pixel, the line's path.
     x = crop if not dark_ink else -crop  # ink is the maximum now
-    inkiest = cell_max(x, out_size)
-    resized = (F.interpolate(x[None, None], size=out_size, mode="area")[0, 0] + inkiest) / 2
+    resized = (cell_max(x, out_size) if width < MNIST_WIDTHS[0] else
+               F.interpolate(x[None, None], size=out_size, mode="area")[0, 0])
     return (resized if not dark_ink else -resized).clamp(0, 1), scale
 
 
 def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     """Scale the cropped digit into MNIST's 20 x 20 box, with MNIST's stroke width."""
-    ## Work at 4x the final size (an 80-pixel box), where stroke width can be measured and
-    ## adjusted in whole pixels, then shrink by averaging 4x4 blocks: that gives the soft,
-    ## anti-aliased edges MNIST digits have. Measured the way stroke_width() measures, at this 4x
-    ## size and divided by 4, MNIST's strokes are 1.3 to 3.1 px wide in the 20-px box for 90% of
-    ## its digits, 2 px typically.
-    big = fit(digit, DIGIT_BOX)
-    ## The 99th percentile becomes 1 (not the maximum, which one stray bright pixel could set):
-    ## faint thin lines reach full ink.
-    big = big / top_quantile(big.flatten(), 0.99).clamp(min=1e-3)
-    big = F.pad(big.clamp(0, 1), (12, 12, 12, 12))  # black room for strokes to grow into
+    ## Work at 4x the final size (the DIGIT_BOX), where stroke width can be changed in whole pixels,
+    ## then shrink by averaging 4x4 blocks: that gives MNIST's soft, anti-aliased edges.
+    big = at_4x(digit)
     width = stroke_width(big > 0.5)
-    if width < 6:
-        ## A line this thin covers only part of each pixel it crosses, and its shades say how
-        ## much (less where it runs flat, more where it runs steep), not how dark the pen was:
-        ## every part of it at half strength or more is the pen's full ink.
-        big = (2 * big).clamp(0, 1)
-    ## Widths of 6 to 14 px here (1.5 to 3.5 px in the box: 85% of MNIST's digits) are left
-    ## alone. Thinner strokes (a mouse's 1-px line) and thicker ones (a marker) are brought to
-    ## 9.5 px, a little above typical: on benchmarks/realistic_digits.py's pictures, models read
-    ## that as well as 8 px.
-    steps = 0 if 6 <= width <= 14 else round((9.5 - width) / 2)  # pixels to add on each side
-    if steps:
-        k = 2 * abs(steps) + 1
-        ## The maximum over a window spreads ink (thicker); the minimum, the reverse.
-        big = window_max(big, k) if steps > 0 else -window_max(-big, k)
-    if not (big > 0.5).any():  # thinning erased it: keep the unthinned version
+    ## Strokes of MNIST's usual widths stay as they are; thinner ones (a mouse's 1-px line) and
+    ## thicker ones (a marker) are brought to within a pixel of its median, a pixel a side at a
+    ## time: the maximum over each 3 x 3 neighbourhood spreads the ink, the minimum thins it.
+    if not MNIST_WIDTHS[0] <= width <= MNIST_WIDTHS[1]:
+        if width < MNIST_WIDTHS[0]:  # a line this thin covers part of each pixel it crosses:
+            big = (2 * big).clamp(0, 1)  # its shades say how much, not how dark the pen was
+            width = stroke_width(big > 0.5)
+        sign = 1 if width < MNIST_WIDTH else -1  # -max(-x) is the minimum
+        for _ in range(DIGIT_BOX):  # a bound only: a few steps reach the median
+            if sign * (MNIST_WIDTH - width) <= 1:  # within a pixel of it, or past it
+                break
+            changed = sign * window_max(sign * big, 3)
+            if not (changed > 0.5).any():  # thinned away: keep the last strokes
+                break
+            big, width = changed, stroke_width(changed > 0.5)
+    if not (big > 0.5).any():  # no stroke at half strength: shrink the digit as it is
         return F.avg_pool2d(fit(digit, DIGIT_BOX)[None, None], 4)[0, 0]
     top, bottom, left, right = bounding_box(big > 0.5)
     big = fit(big[top:bottom, left:right], DIGIT_BOX)
     h, w = big.shape
     big = F.pad(big, (0, -w % 4, 0, -h % 4))  # whole 4x4 blocks
     return F.avg_pool2d(big[None, None], 4)[0, 0]
+
+
+def at_4x(digit: torch.Tensor) -> torch.Tensor:
+    """The digit with its long side DIGIT_BOX px (MNIST's 20-px box at 4x), its inkiest pixels
+    at full ink, and black room around it: where stroke widths are measured and changed."""
+    big = fit(digit, DIGIT_BOX)
+    ## The 99th percentile becomes 1 (not the maximum, which one stray bright pixel could set):
+    ## faint thin lines reach full ink.
+    big = big / top_quantile(big.flatten(), 0.99).clamp(min=1e-3)
+    return F.pad(big.clamp(0, 1), (12, 12, 12, 12))  # black room for strokes to grow into
 
 
 def bounding_box(mask: torch.Tensor) -> tuple[int, int, int, int]:
@@ -842,20 +848,15 @@ def plain_28x28(gray: torch.Tensor) -> torch.Tensor:
 
 
 # the same numbers as three torch functions, in less time ------------------------------------
-## The clean-up calls torch many times on small tensors, where some functions spend more time
-## on their general machinery than on the pixels, and adaptive_max_pool2d is slow on big ones
-## too. These three give exactly the same numbers (the tests check it) in a fraction of the
-## time.
+## The clean-up calls torch many times on small tensors, where some functions spend more time on
+## their general machinery than on the pixels, and adaptive_max_pool2d is slow on big ones too.
+## These three give exactly the same numbers (the tests check it) in a fraction of the time.
 def window_max(x: torch.Tensor, height: int, width: int | None = None) -> torch.Tensor:
     """Each pixel's maximum over the height x width window centred on it (odd sizes; width
     defaults to height): F.max_pool2d(x[None, None], (height, width), 1, (height // 2,
     width // 2))[0, 0] for a 2-D float x, and -window_max(-x, ...) the minimum."""
-    ## On one thread of the Intel Xeon machine (README), max_pool2d takes 0.4-2 ms for a 100-px
-    ## picture and a window of 3 to 9 pixels; the maximum of shifted copies, first along each
-    ## row and then down each column, takes 4-10x less. Padding with -inf lets the edge pixels
-    ## compare only with real ones, as max_pool2d does. (augmentation.neighbourhood_max does the
-    ## 3 x 3 case for training batches; this file needs no other file of the repo, so that it
-    ## can be copied alone.)
+    ## The maximum of shifted copies, first along each row and then down each column. Padding
+    ## with -inf lets the edge pixels compare only with real ones, as max_pool2d does.
     width = width or height
     h, w = x.shape
     padded = F.pad(x, (width // 2, width // 2, height // 2, height // 2), value=-math.inf)
@@ -872,12 +873,12 @@ def cell_max(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """The maximum of each cell when a 2-D x is cut into size[0] x size[1] cells, as
     F.adaptive_max_pool2d(x[None, None], size)[0, 0] cuts it (neighbouring cells may share a
     pixel, and with more cells than pixels, pixels repeat)."""
-    ## adaptive_max_pool2d visits every cell's whole window; taking the maximum over each
-    ## cell's rows (dim 0) first, then over its columns (dim 1), is 2-3.5x faster on a picture
-    ## of several hundred pixels (one thread, Intel Xeon), and a maximum comes out the same
-    ## whatever the order. Along a side of n pixels, cell i covers the pixels from
-    ## floor(i * n / cells) up to but not including ceil((i + 1) * n / cells), as PyTorch cuts
-    ## them; a cell shorter than the longest repeats its last pixel, which changes no maximum.
+    ## adaptive_max_pool2d visits every cell's whole window; taking the maximum over each cell's
+    ## rows (dim 0) first, then over its columns (dim 1), visits each pixel once per direction, and
+    ## a maximum comes out the same whatever the order. Along a side of n pixels, cell i covers the
+    ## pixels from floor(i * n / cells) up to but not including ceil((i + 1) * n / cells), as
+    ## PyTorch cuts them; a cell shorter than the longest repeats its last pixel, which changes no
+    ## maximum.
     for dim, cells in enumerate(size):
         n = x.shape[dim]
         i = torch.arange(cells)
@@ -894,13 +895,12 @@ def cell_max(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 def top_quantile(x: torch.Tensor, q: float, dim: int = -1) -> torch.Tensor:
     """x.quantile(q, dim) for a high q (0.9, 0.99), computed from the largest values only.
     x must hold values (no NaN, not empty), as the clean-up's always do."""
-    ## torch.quantile sorts all the values; the q-quantile needs only about the top (1 - q) of
-    ## them, and topk finds those 1.3-7x faster (one thread, Intel Xeon; the higher q, the more
-    ## it saves). The quantile lies `rank` places up the values sorted from the smallest,
-    ## between the value at floor(rank) and the next one up, weighted by how far rank lies
-    ## between them ("linear" interpolation). rank is computed as torch.quantile computes it (q
-    ## rounded to x's dtype, times n - 1, in double precision): computed in float32, the last bit
-    ## of the result would differ for about 1 input in 6.
+    ## torch.quantile sorts all the values; the q-quantile needs only about the top (1 - q) of them,
+    ## which topk finds without sorting the rest. The quantile lies `rank` places up the values
+    ## sorted from the smallest, between the value at floor(rank) and the next one up, weighted by
+    ## how far rank lies between them ("linear" interpolation). rank is computed as torch.quantile
+    ## computes it (q rounded to x's dtype, times n - 1, in double precision): computed in float32,
+    ## the last bit of the result would differ for about 1 input in 6.
     n = x.shape[dim]
     rank = float(torch.tensor(q, dtype=x.dtype)) * (n - 1)
     below = int(rank)

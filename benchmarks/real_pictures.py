@@ -2,28 +2,32 @@
 
     python benchmarks/real_pictures.py --images my_digits \
         --checkpoint checkpoints/mnist_mlp.pt checkpoints/mnist_cnn.pt
-    python benchmarks/real_pictures.py --images DIR --speed-only --load   # timing under load
 
-    git worktree add ../old eb7006e   # an older version beside this one, to time both:
+    git worktree add ../old eb7006e   # an older version beside this one, to compare both:
+    python benchmarks/real_pictures.py --images DIR --compare-with ../old/predict.py
     python benchmarks/real_pictures.py --images DIR --speed-only --compare-with ../old/predict.py
+    python benchmarks/real_pictures.py --images DIR --speed-only --load   # timing under load
 
 Every picture goes through what predict.py runs for a digit model (digit_cleanup.load_gray,
 then digit_cleanup.preprocess, then predict.classify). A picture's label is the digit its file name
 starts with (`7.png`, `7_12.jpg`, `7-mine.png`). When the folder has a SOURCES.md with a
-Markdown table of `| file | label | kind | ...` rows, the accuracy is also given per kind
+Markdown table of `| file | label | kind | repo | ...` rows, the accuracy is also given per kind
 (drawing, photo, scan). Files with a picture's extension (.png, .jpg, ... : PICTURE_SUFFIXES)
 are read by their content, so a JPEG named .png is read right; other files are left out.
 
-It prints, for each checkpoint, the accuracy overall, per kind and per digit, the pictures that
-got a no-digit warning (a real single digit should get none), and the time that reading and
-clean-up took per picture (median, 90th percentile, slowest). A sheet of the misses, each
-picture beside the 28x28 image the model saw and captioned with the model that misread it, goes
-to --misses (real_misses.png unless told otherwise; '' for none). --load runs a second process
-with the same clean-up loop during the timing, to show how the clean-up behaves on a busy
-machine. --compare-with times another version's clean-up in the same rounds, alternated with
-this one picture by picture, so that a busy moment of the machine hits both alike: a
+It prints, for each checkpoint, the accuracy overall, per kind and per digit, the median ink of
+the 28x28 inputs, the pictures that got a warning (a real single digit should get none), and the
+time that reading and clean-up took per picture (median, 90th percentile, slowest). A sheet of
+the misses, each picture beside the 28x28 image the model saw and captioned with the model that
+misread it, goes to --misses (real_misses.png unless told otherwise; '' for none).
+
+--compare-with scores the same checkpoints with another version's clean-up as well (a
 digit_cleanup.py, or the predict.py of a version from before the clean-up had a module of its
-own.
+own), and lists, per source repository of SOURCES.md, how many pictures each version reads
+right, whether the source is won, lost or even, and every picture that flipped. With
+--speed-only it times the two instead, alternated picture by picture, so that a busy moment of
+the machine hits both alike; --load runs a second process with the same clean-up loop during
+the timing, to show how the clean-up behaves on a busy machine.
 
 Pictures that are not yours stay out of the repository: write --misses outside it, or to the
 default name, which .gitignore leaves out.
@@ -68,25 +72,28 @@ def natural_key(name: str) -> list:
             for part in re.split(r"([0-9]+)", name)]
 
 
-def kinds_from_sources(folder: Path) -> dict[str, str]:
-    """{file name: kind} from SOURCES.md's table, or {} when there is none."""
+def sources_of(folder: Path) -> dict[str, tuple[str, str]]:
+    """{file name: (kind, source repository)} from SOURCES.md's table, or {} when there is none.
+
+    The table's rows read `| file | label | kind | repo | ...`."""
     sources = folder / "SOURCES.md"
     if not sources.exists():
         return {}
-    kinds = {}
+    found = {}
     for line in sources.read_text(encoding="utf-8").splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) >= 3 and cells[1].isdigit():
-            kinds[cells[0]] = cells[2]
-    return kinds
+            found[cells[0]] = (cells[2], cells[3] if len(cells) > 3 else "")
+    return found
 
 
-def clean_up(path: Path) -> tuple[torch.Tensor | None, str | None, float]:
-    """predict.py's reading and clean-up of one picture: (digit, warning, seconds)."""
+def clean_up(path: Path, cleanup=digit_cleanup) -> tuple[torch.Tensor | None, str | None, float]:
+    """predict.py's reading and clean-up of one picture: (digit, warning, seconds). `cleanup`:
+    the module that does it, this version's digit_cleanup or another's (load_other)."""
     start = time.perf_counter()
     try:
-        digit, warning = digit_cleanup.preprocess(digit_cleanup.load_gray(path))
-    except digit_cleanup.ImageProblem as err:
+        digit, warning = cleanup.preprocess(cleanup.load_gray(path))
+    except cleanup.ImageProblem as err:
         return None, f"unreadable: {err}", time.perf_counter() - start
     return digit, warning, time.perf_counter() - start
 
@@ -112,38 +119,46 @@ def pictures_in(folder: Path) -> list[tuple[Path, int]]:
 def score(args) -> None:
     folder = Path(args.images)
     pictures = pictures_in(folder)
-    kinds = kinds_from_sources(folder)
+    sources = sources_of(folder)
     try:
         models = [(Path(c).stem, *common.load_model(c)) for c in args.checkpoint]
     except common.CheckpointError as err:
         sys.exit(f"error: {str(err).rstrip('.')}. Train one with mnist_train.py, or pass "
                  "--checkpoint")
+    ## Each model reads each picture as cleaned up by this version, and by the other one when
+    ## --compare-with names it: a "reader" is a model and a version, "mnist_mlp" or
+    ## "mnist_mlp with ../old/digit_cleanup.py".
+    versions = [("", digit_cleanup)]
+    if args.compare_with:
+        versions.append((f" with {args.compare_with}", other_cleanup(args.compare_with)))
     rows, seconds, warned = [], [], []
     for path, label in pictures:
-        digit, warning, took = clean_up(path)
-        seconds.append(took)
-        if warning:
-            warned.append(f"{path.name}: {warning}")
-        guesses = {}
-        for name, model, checkpoint in models:
-            if digit is None:
-                guesses[name] = -1
-                continue
-            probs = predict.classify(model, digit, checkpoint["mean"], checkpoint["std"],
-                                     torch.device("cpu"))
-            guesses[name] = int(probs.argmax())
-        rows.append({"path": path, "label": label, "kind": kinds.get(path.name, "other"),
-                     "digit": digit, "guesses": guesses})
+        kind, source = sources.get(path.name, ("other", ""))
+        row = {"path": path, "label": label, "kind": kind, "source": source, "seen": {},
+               "guesses": {}, "ink": {}}
+        for version, cleanup in versions:
+            digit, warning, took = clean_up(path, cleanup)
+            if not version:
+                seconds.append(took)
+            if warning:
+                warned.append(f"{path.name}{version}: {warning}")
+            row["ink"][version] = None if digit is None else float(digit.mean())
+            for name, model, checkpoint in models:
+                row["seen"][name + version] = digit
+                row["guesses"][name + version] = -1 if digit is None else int(predict.classify(
+                    model, digit, checkpoint["mean"], checkpoint["std"], torch.device("cpu")
+                ).argmax())
+        rows.append(row)
 
-    names = [name for name, _, _ in models]
+    readers = [name + version for name, _, _ in models for version, _ in versions]
     print(f"{len(rows)} pictures in {folder}/")
-    by_kind = sorted({r["kind"] for r in rows}) if kinds else []  # no SOURCES.md: "all" only
+    by_kind = sorted({r["kind"] for r in rows}) if sources else []  # no SOURCES.md: "all" only
     print("| model | all | " + "".join(f"{kind} | " for kind in by_kind))
     print("|---|---|" + "---|" * len(by_kind))
     def share(subset, name):  # (right, pictures)
         return sum(r["guesses"][name] == r["label"] for r in subset), len(subset)
 
-    for name in names:
+    for name in readers:
         right, total = share(rows, name)
         cells = [f"{right / total:.1%} ({right}/{total})"]
         for kind in by_kind:
@@ -153,17 +168,27 @@ def score(args) -> None:
     print("\nper digit (right / pictures):")
     print("| model | " + " | ".join(str(d) for d in range(10)) + " |")
     print("|---|" + "---|" * 10)
-    for name in names:
+    for name in readers:
         cells = []
         for d in range(10):
             subset = [r for r in rows if r["label"] == d]
             cells.append(f"{sum(r['guesses'][name] == d for r in subset)}/{len(subset)}")
         print(f"| {name} | " + " | ".join(cells) + " |")
-    print(f"\npictures with a warning: {len(warned)}")
+    ## MNIST's digits have a median ink of 0.129 (mean pixel of its 10,000 test digits): a
+    ## clean-up that draws as MNIST does comes out near it.
+    for version, _ in versions:
+        inks = [r["ink"][version] for r in rows if r["ink"][version] is not None]
+        if inks:
+            print(f"\nmedian ink of the 28x28 inputs{version} (mean pixel, 0..1): "
+                  f"{statistics.median(inks):.3f}", end="")
+    print(f"\n\npictures with a warning: {len(warned)}")
     for line in warned:  # say(): a file name the terminal cannot show becomes an escape
         safeguards.say(f"  {line}", sys.stdout)
     print(speed_report(seconds))
-    misses = [(r, name) for r in rows for name in names if r["guesses"][name] != r["label"]]
+    if args.compare_with:
+        for name, _, _ in models:
+            source_by_source(rows, name, name + versions[1][0])
+    misses = [(r, name) for r in rows for name in readers if r["guesses"][name] != r["label"]]
     if args.errors:
         for r, name in misses:
             safeguards.say(f"{name}: {r['path'].name} ({r['kind']}) is {r['label']}, read as "
@@ -173,19 +198,50 @@ def score(args) -> None:
         print(f"wrote {args.misses}: {len(misses)} misses, each beside what the model saw")
 
 
+def source_by_source(rows: list[dict], mine: str, theirs: str) -> None:
+    """Print, per source repository, how many pictures `mine` reads right and `theirs` does,
+    whether the source is won, lost or even, and the pictures whose verdict flipped."""
+    ## A total can hide a change that helps one collection and hurts several others: a rule
+    ## worth keeping wins more sources than it loses.
+    print(f"\n{mine} against {theirs}: pictures read right, source by source")
+    print("| source | pictures | here | there | net |")
+    print("|---|---|---|---|---|")
+    by_source = {}
+    for r in rows:
+        by_source.setdefault(r["source"] or "(none named)", []).append(r)
+    nets = []
+    for source, subset in sorted(by_source.items(), key=lambda item: item[0].lower()):
+        here = sum(r["guesses"][mine] == r["label"] for r in subset)
+        there = sum(r["guesses"][theirs] == r["label"] for r in subset)
+        nets.append(here - there)
+        safeguards.say(f"| {source} | {len(subset)} | {here} | {there} | {here - there:+d} |",
+                   sys.stdout)
+    print(f"sources: {sum(n > 0 for n in nets)} won, {sum(n < 0 for n in nets)} lost, "
+          f"{sum(n == 0 for n in nets)} even")
+    flipped = [r for r in rows
+               if (r["guesses"][mine] == r["label"]) != (r["guesses"][theirs] == r["label"])]
+    won = sum(r["guesses"][mine] == r["label"] for r in flipped)
+    print(f"pictures that flipped: {won} won, {len(flipped) - won} lost")
+    for r in flipped:
+        safeguards.say(f"  {'won ' if r['guesses'][mine] == r['label'] else 'lost'} "
+                   f"{r['path'].name} ({r['kind']}, {r['source'] or 'no source'}): "
+                   f"{r['label']} read as {r['guesses'][mine]} here, {r['guesses'][theirs]} "
+                   "there", sys.stdout)
+
+
 def draw_misses(misses: list, out: Path, columns: int = 6) -> None:
     """A sheet of misreads: each picture as it is, beside the 28x28 input, captioned."""
     font = ImageFont.load_default(size=12)
     tiles = []
     for r, name in misses:
         tile = Image.new("RGB", (232, 134), (255, 255, 255))
-        if r["digit"] is None:  # the picture could not be read: a gray square in its place
+        if r["seen"][name] is None:  # the picture could not be read: a gray square in its place
             tile.paste((128, 128, 128), (2, 2, 114, 114))
         else:
             with Image.open(r["path"]) as img:
                 tile.paste(ImageOps.pad(img.convert("RGB"), (112, 112), color=(128, 128, 128)),
                            (2, 2))
-            pixels = (r["digit"] * 255).round().to(torch.uint8)
+            pixels = (r["seen"][name] * 255).round().to(torch.uint8)
             seen = Image.frombytes("L", (28, 28), bytes(pixels.flatten().tolist()))
             tile.paste(seen.resize((112, 112), Image.NEAREST).convert("RGB"), (118, 2))
         caption = f"{r['path'].name}: {r['label']} as {r['guesses'][name]} ({name})"
@@ -215,8 +271,12 @@ while time.time() < end:  # stopped by the parent when its timing is over
 """
 
 
-def load_other(path: Path):
-    """Another version's clean-up module, loaded beside this one with its own common.py."""
+def other_cleanup(file: str):
+    """Another version's clean-up (a digit_cleanup.py, or an older predict.py), loaded beside
+    this one with its own common.py; or exit with one line when there is no such file."""
+    path = Path(file)
+    if not path.is_file():
+        sys.exit(f"error: --compare-with {file}: no such file")
     ours = {name: sys.modules.pop(name) for name in ("common", "digit_cleanup")
             if name in sys.modules}  # its `import common` must find its own folder's
     sys.path.insert(0, str(path.resolve().parent))
@@ -232,27 +292,15 @@ def load_other(path: Path):
     return module
 
 
-def other_time(module, path: Path) -> float:
-    """Seconds that `module`'s reading and clean-up take on one picture (failures included)."""
-    start = time.perf_counter()
-    try:
-        module.preprocess(module.load_gray(path))
-    except Exception:  # noqa: BLE001 (its own "not a picture" errors, whatever their class)
-        pass
-    return time.perf_counter() - start
-
-
 def speed_only(args) -> None:
     """Time the clean-up alone, optionally while a second process runs the same loop."""
     pictures = [p for p, _ in pictures_in(Path(args.images))]
     other = None
     if args.compare_with:
-        if not Path(args.compare_with).is_file():
-            sys.exit(f"error: --compare-with {args.compare_with}: no such file")
-        other = load_other(Path(args.compare_with))
+        other = other_cleanup(args.compare_with)
         for p in pictures[:20]:  # warm-up for both, untimed
             clean_up(p)
-            other_time(other, p)
+            clean_up(p, other)
     load = None
     if args.load:
         load = subprocess.Popen([sys.executable, "-c", LOAD_LOOP, str(REPO),
@@ -266,10 +314,10 @@ def speed_only(args) -> None:
                 ## order swapped from picture to picture, so that the machine's busy moments
                 ## (they last seconds) fall on both alike.
                 if other is not None and i % 2:
-                    theirs.append(other_time(other, p))
+                    theirs.append(clean_up(p, other)[2])
                 seconds.append(clean_up(p)[2])
                 if other is not None and not i % 2:
-                    theirs.append(other_time(other, p))
+                    theirs.append(clean_up(p, other)[2])
             print(f"round {round_}{' (with a second process)' if load else ''}: "
                   + speed_report(seconds), flush=True)
             if other is not None:
@@ -296,11 +344,12 @@ def main() -> None:
     parser.add_argument("--load", action="store_true",
                         help="with --speed-only: run the same loop in a second process")
     parser.add_argument("--compare-with", metavar="FILE",
-                        help="with --speed-only: also time this digit_cleanup.py (or an older "
-                             "predict.py), alternated with this one")
+                        help="another version's digit_cleanup.py (or older predict.py): score "
+                             "the same checkpoints with it too, source by source; with "
+                             "--speed-only, time both, alternated picture by picture")
     args = parser.parse_args()
-    if (args.load or args.compare_with) and not args.speed_only:
-        parser.error("--load and --compare-with time the clean-up: add --speed-only")
+    if args.load and not args.speed_only:
+        parser.error("--load times the clean-up under load: add --speed-only")
     speed_only(args) if args.speed_only else score(args)
 
 

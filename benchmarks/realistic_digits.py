@@ -3,6 +3,9 @@
     python benchmarks/realistic_digits.py make --data-dir ../shared/data --out realistic
     python benchmarks/realistic_digits.py score --images realistic \
         --checkpoint checkpoints/mnist_mlp.pt checkpoints/mnist_cnn.pt
+    python benchmarks/realistic_digits.py roundtrip --data-dir ../shared/data \
+        --checkpoint checkpoints/mnist_mlp.pt [--compare-with ../old/digit_cleanup.py]
+    python benchmarks/realistic_digits.py widths --data-dir ../shared/data
     python benchmarks/realistic_digits.py speed      # a 4000 x 3000 photo; a 100 MP picture
     python benchmarks/realistic_digits.py figure     # docs/what_the_model_sees.png
 
@@ -30,6 +33,15 @@ one way real input differs from MNIST, on top of a random tilt, size and positio
                  width=2), from black to light gray, on a white canvas; digits 250-600 px tall
                  (PNG)
 
+`roundtrip` is the clean-up's ground truth. It draws MNIST test digits (--digits of them) in
+the scenarios of KEEP_WIDTH and NEW_WIDTH, without tilt, cleans each picture up and compares the
+28x28 result with the original digit. Per scenario it prints the ink ratio (cleaned / original)
+and the pixels' correlation with the original where the picture keeps the digit's own stroke
+width, the stroke width that comes out where the picture changes it on purpose, the checkpoint's
+accuracy, and the warnings; --compare-with measures another version's digit_cleanup.py on the
+same pictures. `widths` prints MNIST's stroke widths, measured as the clean-up measures them, and
+its ink: the clean-up's MNIST_WIDTH and MNIST_WIDTHS come from the training digits' line.
+
 `score` runs predict.py's own reading and preprocessing on every picture and prints, for each
 checkpoint, the accuracy per scenario and overall, next to the "naive" accuracy of the same
 model on the same pictures converted to gray, squashed to 28x28 and inverted when the paper is
@@ -39,6 +51,8 @@ tool for finding failure modes; real photos remain the final judge.
 
 import argparse
 import csv
+import importlib.util
+import io
 import math
 import os
 import random
@@ -64,6 +78,12 @@ import predict
 ## added in the middle would change all the pictures after it.
 SCENARIOS = ["photo", "ballpoint", "marker", "pencil", "colour", "grid", "lined", "shadow",
              "paint", "mouse", "tight", "margin", "tiny", "small", "far", "thin"]
+## The round trip (below) uses two groups. These draw the digit with its own stroke width, so
+## the clean-up should give back the MNIST digit itself...
+KEEP_WIDTH = ["photo", "pencil", "colour", "shadow", "paint", "tight", "margin"]
+## ...and these change it on purpose: mouse and thin are traced along the skeleton, ballpoint
+## and marker are a thin and a fat pen. They have no true width, only MNIST's range to fall in.
+NEW_WIDTH = ["mouse", "thin", "ballpoint", "marker"]
 
 
 # drawing a digit -------------------------------------------------------------------------------
@@ -72,8 +92,9 @@ def digit_alpha(digit: torch.Tensor, height: int, rng: random.Random) -> torch.T
     size = max(28, round(28 * height / 20))
     x = F.interpolate(digit[None, None].float() / 255, size=(size, size), mode="bicubic",
                       align_corners=False)[0, 0]
-    ## MNIST's soft edges, magnified, look blurry: sharpen them into a pen-like stroke.
-    return ((x - 0.45) / 0.2).clamp(0, 1)
+    ## MNIST's soft edges, magnified, look blurry: sharpen them into a pen-like stroke. The ramp
+    ## is centred on MNIST's half level (0.4 to 0.6), so the stroke holds the digit's own ink.
+    return ((x - 0.4) / 0.2).clamp(0, 1)
 
 
 def change_width(alpha: torch.Tensor, pixels: int) -> torch.Tensor:
@@ -88,7 +109,13 @@ def change_width(alpha: torch.Tensor, pixels: int) -> torch.Tensor:
 
 def skeleton(alpha: torch.Tensor) -> torch.Tensor:
     """Thin the strokes to 1-pixel lines (Zhang-Suen thinning), like a 1-px mouse brush."""
-    img = (alpha > 0.5).float()
+    full = (alpha > 0.5).float()
+    if not full.any():
+        return full
+    ## Only the box around the ink: the same lines, in half the time for a big digit.
+    rows, cols = full.any(1).nonzero()[:, 0], full.any(0).nonzero()[:, 0]
+    box = (slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1))
+    img = full[box]
     while True:
         changed = False
         for step in (0, 1):
@@ -107,7 +134,7 @@ def skeleton(alpha: torch.Tensor) -> torch.Tensor:
                 img[remove] = 0
                 changed = True
         if not changed:
-            return img
+            return full
 
 
 def rotate(alpha: torch.Tensor, degrees: float) -> torch.Tensor:
@@ -160,9 +187,13 @@ def blur(img: torch.Tensor, sigma: float) -> torch.Tensor:
     return x[0]
 
 
-def render(digit: torch.Tensor, scenario: str, rng: random.Random,
-           g: torch.Generator) -> tuple[Image.Image, str]:
-    """Draw one picture of `digit` (28x28 uint8) for `scenario`; return (image, file suffix)."""
+def render(digit: torch.Tensor, scenario: str, rng: random.Random, g: torch.Generator,
+           round_trip: bool = False) -> tuple[Image.Image, str]:
+    """Draw one picture of `digit` (28x28 uint8) for `scenario`; return (image, file suffix).
+
+    round_trip: no tilt, and the scenarios of KEEP_WIDTH draw the digit's own stroke width
+    (pencil and paint vary it otherwise), so that the original is what the clean-up should give.
+    """
     height = round(math.exp(rng.uniform(math.log(60), math.log(260))))  # digit height in px
     width_change, thin = 0, False
     paper = (rng.uniform(0.86, 0.98),) * 3
@@ -220,7 +251,10 @@ def render(digit: torch.Tensor, scenario: str, rng: random.Random,
             alpha = change_width(alpha, max(0, height // 80))
         if scenario == "thin" and uneven:  # one more pixel to the right: steep lines get 2 px
             alpha = torch.maximum(alpha, F.pad(alpha, (1, 0))[:, :-1])
-    alpha = rotate(change_width(alpha, width_change), rng.uniform(-8, 8))
+    degrees = rng.uniform(-8, 8)  # drawn in a round trip too: the same random numbers follow
+    if round_trip:
+        degrees, width_change = 0.0, 0 if scenario in KEEP_WIDTH else width_change
+    alpha = rotate(change_width(alpha, width_change), degrees)  # also crops to the digit
     ah, aw = alpha.shape
     pad = round(margin * height)
     h, w = ah + 2 * pad + rng.randint(0, pad + 1), aw + 2 * pad + rng.randint(0, pad + 1)
@@ -348,6 +382,112 @@ def score(args) -> None:
         print(*wrong, sep="\n")
 
 
+# the MNIST round trip ---------------------------------------------------------------------------
+## The clean-up's ground truth: MNIST test digits drawn the way people's pictures arrive (no
+## tilt), cleaned up, and compared with themselves. The clean-up should give back the digit it
+## was drawn from, as bold as it was: an ink ratio (cleaned / original) of 1, and the same pixels.
+def round_trip(images: torch.Tensor, scenario: str, seed: int,
+               cleanups: tuple = (digit_cleanup,)) -> list[tuple[torch.Tensor, int]]:
+    """Draw each 28x28 uint8 MNIST digit of `images` as a picture of `scenario` (saved in memory
+    as make() saves it), then read and clean it up with each of `cleanups` (digit_cleanup
+    modules). For each: the 28x28 results, and how many pictures got a warning."""
+    rng = random.Random(f"{seed} {scenario}")
+    g = torch.Generator().manual_seed(seed)
+    cleaned, warned = [[] for _ in cleanups], [0 for _ in cleanups]
+    for image in images:
+        img, suffix = render(image, scenario, rng, g, round_trip=True)
+        saved = io.BytesIO()
+        img.save(saved, format="JPEG" if suffix == ".jpg" else "PNG",
+                 quality=img.info.get("quality", 95))
+        for i, cleanup in enumerate(cleanups):
+            digit, warning = cleanup.preprocess(cleanup.load_gray(io.BytesIO(saved.getvalue())))
+            cleaned[i].append(digit)
+            warned[i] += warning is not None
+    return [(torch.stack(digits), count) for digits, count in zip(cleaned, warned)]
+
+
+def ink_ratios(cleaned: torch.Tensor, originals: torch.Tensor) -> torch.Tensor:
+    """Each cleaned digit's ink (the sum of its pixels) over its original's."""
+    return cleaned.sum((1, 2)) / originals.sum((1, 2))
+
+
+def correlations(cleaned: torch.Tensor, originals: torch.Tensor) -> torch.Tensor:
+    """The correlation of each cleaned digit's 784 pixels with its original's (1: the same
+    picture, up to brightness)."""
+    a = cleaned.flatten(1) - cleaned.flatten(1).mean(1, keepdim=True)
+    b = originals.flatten(1) - originals.flatten(1).mean(1, keepdim=True)
+    return (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1)).clamp(min=1e-9)
+
+
+def width_at_4x(digit: torch.Tensor) -> float:
+    """A 28x28 digit's stroke width as the clean-up measures it: at 4x, in the 80-px box."""
+    top, bottom, left, right = digit_cleanup.bounding_box(digit > 0.5)
+    return digit_cleanup.stroke_width(digit_cleanup.at_4x(digit[top:bottom, left:right]) > 0.5)
+
+
+def spread(values: torch.Tensor, digits: int = 2) -> str:
+    """The median of `values`, and their 10th to 90th percentile."""
+    low, median, high = values.float().quantile(torch.tensor([0.1, 0.5, 0.9])).tolist()
+    return f"{median:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+def accuracy(model: torch.nn.Module, checkpoint: dict, digits: torch.Tensor,
+             labels: torch.Tensor) -> float:
+    """The share of 28x28 digits (0..1) that the model reads as their labels."""
+    with torch.inference_mode():
+        logits = model((digits[:, None] - checkpoint["mean"]) / checkpoint["std"])
+    return float((logits.argmax(1) == labels).float().mean())
+
+
+def widths(args) -> None:
+    """MNIST's own stroke widths and ink, which the clean-up's constants come from."""
+    for train in (True, False):
+        images, _ = common.load_mnist(args.data_dir, train=train)
+        digits = images.float() / 255
+        found = torch.tensor([width_at_4x(x) for x in digits])
+        print(f"MNIST's {len(digits)} {'training' if train else 'test'} digits: stroke width at "
+              f"4x, median (10th-90th percentile) {spread(found)}; ink (mean pixel) "
+              f"{spread(digits.mean((1, 2)), 3)}; pixels above 0.5: "
+              f"{spread((digits > 0.5).sum((1, 2)), 0)}", flush=True)
+
+
+def trip(args) -> None:
+    """The round trip's tables: per scenario, what came back against the MNIST originals."""
+    images, labels = common.load_mnist(args.data_dir, train=False)
+    versions = [("this clean-up", digit_cleanup)]
+    if args.compare_with:  # another version's digit_cleanup.py, on the same pictures
+        spec = importlib.util.spec_from_file_location("other_cleanup", args.compare_with)
+        versions.append((args.compare_with, importlib.util.module_from_spec(spec)))
+        spec.loader.exec_module(versions[1][1])
+    model, checkpoint = common.load_model(args.checkpoint)
+    picks = torch.randperm(len(labels), generator=torch.Generator().manual_seed(args.seed))
+    picks = picks[:args.digits]
+    originals, labels = images[picks].float() / 255, labels[picks]
+    print(f"{len(picks)} MNIST test digits (seed {args.seed}), drawn in each scenario without "
+          f"tilt and cleaned up; {Path(args.checkpoint).stem} reads "
+          f"{accuracy(model, checkpoint, originals, labels):.1%} of the originals, whose stroke "
+          f"width at 4x is {spread(torch.tensor([width_at_4x(x) for x in originals]))}")
+    for group in (KEEP_WIDTH, NEW_WIDTH):
+        if group is KEEP_WIDTH:
+            print("\n| scenario | clean-up | ink ratio, median (10th-90th) | correlation, median "
+                  "| accuracy | warnings |")
+        else:  # no width to come back to: the width that comes out, against MNIST's
+            print("\n| scenario | clean-up | stroke width at 4x, median (10th-90th) | ink ratio, "
+                  "median | accuracy | warnings |")
+        print("|---|---|---|---|---|---|")
+        for scenario in group:
+            cleaned = round_trip(images[picks], scenario, args.seed, [v for _, v in versions])
+            for (name, _), (digits, warned) in zip(versions, cleaned):
+                ratios = ink_ratios(digits, originals)
+                if group is KEEP_WIDTH:
+                    cells = [spread(ratios), f"{correlations(digits, originals).median():.3f}"]
+                else:
+                    inked = [width_at_4x(x) for x in digits if (x > 0.5).any()]
+                    cells = [spread(torch.tensor(inked)), f"{ratios.median():.2f}"]
+                print(f"| {scenario} | {name} | {' | '.join(cells)} | "
+                      f"{accuracy(model, checkpoint, digits, labels):.1%} | {warned} |", flush=True)
+
+
 HUGE_PICTURE = """
 import sys
 from PIL import Image, ImageDraw, ImageFont
@@ -434,13 +574,25 @@ def main() -> None:
     s.add_argument("--errors", action="store_true", help="list the misclassified pictures")
     t = commands.add_parser("speed", help="time a big photo, and memory on a huge picture")
     t.add_argument("--checkpoint", default="checkpoints/mnist_mlp.pt")
+    r = commands.add_parser("roundtrip", help="MNIST digits drawn as pictures, cleaned up, "
+                            "compared with themselves")
+    r.add_argument("--data-dir", default="./data")
+    r.add_argument("--checkpoint", default="checkpoints/mnist_mlp.pt")
+    r.add_argument("--digits", type=int, default=1000, help="MNIST test digits per scenario")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--compare-with", metavar="FILE",
+                   help="another version's digit_cleanup.py, measured on the same pictures")
+    w = commands.add_parser("widths", help="MNIST's stroke widths and ink, which the clean-up "
+                            "takes its constants from")
+    w.add_argument("--data-dir", default="./data")
     g = commands.add_parser("figure", help="draw the README's 'what the model sees' picture")
     g.add_argument("--images", default="realistic")
     g.add_argument("--out", default="docs/what_the_model_sees.png")
     g.add_argument("--scenarios", nargs="+",
                    default=["photo", "ballpoint", "shadow", "grid", "far", "small"])
     args = parser.parse_args()
-    {"make": make, "score": score, "speed": speed, "figure": figure}[args.command](args)
+    {"make": make, "score": score, "roundtrip": trip, "widths": widths, "speed": speed,
+     "figure": figure}[args.command](args)
 
 
 if __name__ == "__main__":

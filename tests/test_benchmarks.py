@@ -63,6 +63,49 @@ def test_a_missing_checkpoint_is_one_line_not_a_traceback(tmp_path, monkeypatch)
                                             "exist.")
 
 
+SOURCES = """| file | label | kind | repo |
+|---|---|---|---|
+| 3_1.png | 3 | drawing | someone/digits |
+| 5_1.png | 5 | photo | someone/digits |
+| 7_1.png | 7 | drawing | another/one |
+"""
+
+## Another version of the clean-up, as --compare-with loads it: this one, except that it
+## cannot read the 7.
+WORSE_ON_SEVENS = """
+import digit_cleanup
+from digit_cleanup import ImageProblem, preprocess
+
+def load_gray(path):
+    if path.name.startswith("7"):
+        raise ImageProblem("not read by this version")
+    return digit_cleanup.load_gray(path)
+"""
+
+
+def test_compare_with_scores_one_checkpoint_with_both_versions_source_by_source(
+        trained_checkpoint, tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for digit in (3, 5, 7):
+        digit_picture(digit).save(folder / f"{digit}_1.png")
+    (folder / "SOURCES.md").write_text(SOURCES)
+    other = tmp_path / "old_cleanup.py"
+    other.write_text(WORSE_ON_SEVENS)
+    score(monkeypatch, "--images", str(folder), "--checkpoint", str(trained_checkpoint),
+          "--compare-with", str(other), "--misses", "")
+    out = capsys.readouterr().out
+    assert "| mnist_mlp | 100.0% (3/3) | 2/2 | 1/1 |\n" in out
+    assert f"| mnist_mlp with {other} | 66.7% (2/3) | 1/2 | 1/1 |\n" in out
+    assert "7_1.png with " in out and "unreadable: not read by this version" in out
+    per_source = out[out.index(f"mnist_mlp against mnist_mlp with {other}"):].splitlines()
+    assert per_source[3:8] == ["| another/one | 1 | 1 | 0 | +1 |",
+                               "| someone/digits | 2 | 2 | 2 | +0 |",
+                               "sources: 1 won, 0 lost, 1 even",
+                               "pictures that flipped: 1 won, 0 lost",
+                               "  won  7_1.png (drawing, another/one): 7 read as 7 here, -1 there"]
+
+
 def test_speed_only_times_another_version_in_the_same_rounds(tmp_path, monkeypatch, capsys):
     import digit_cleanup
 
