@@ -7,7 +7,7 @@
 
 What you should see (the MLP, in seconds; the README says how to read each line):
 
-    PyTorch 2.14.1 | device cpu | mlp with 109,386 parameters | 55,000 train / 5,000 val / ...
+    PyTorch 2.14.1+cu130 | device cpu | mlp with 109,386 parameters | 55,000 train / ...
     epoch 1/5 | train loss 0.2850 | val loss 0.1802 | val acc 0.9422 | 0.6 s | saved best
     ...
     Test Accuracy: 0.9730 (9730/10000)      # 0.9730 to 0.9748, by CPU and thread count
@@ -41,7 +41,7 @@ from safeguards import UsageError
 
 
 def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
-    """The lesson. `run` names the files it writes, and holds what --resume goes on from."""
+    """The lesson. On a first read, skip rank and world (torchrun) and `run` (files, --resume)."""
     rank, world, device = setup(args)  # torchrun's process number and count (0, 1 without it)
 
     # 1. data ----------------------------------------------------------------------------------

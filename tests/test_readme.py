@@ -1,6 +1,9 @@
-"""The README's code blocks must run and print what they claim."""
+"""The README and docs/: their code runs and prints what they claim, their line ranges and links
+point where they say, and the README stays a page a learner finishes."""
 
+import ast
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ from torch.utils.data import TensorDataset
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
 USING_COMMON = (REPO / "docs" / "using-common.md").read_text()
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
 def python_block_after(marker: str, text: str = USING_COMMON) -> str:
@@ -17,12 +21,37 @@ def python_block_after(marker: str, text: str = USING_COMMON) -> str:
     return re.search(r"```python\n(.*?)```", text[text.index(marker):], re.S).group(1)
 
 
+def run_the_loop(capsys, swap: bool = False) -> list[float]:
+    """The README's closed loop, run as shown (or with backward() and step() swapped); the
+    validation accuracy it prints for each epoch."""
+    code = python_block_after("## The closed loop first", README)
+    if swap:
+        backward, step = "loss.backward()", "optimizer.step()"
+        assert code.index(backward) < code.index(step)
+        code = code.replace(backward, "@").replace(step, backward).replace("@", step)
+    exec(compile(code, "README loop", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"epoch {e}" for e in range(1, 6)]
+    return [float(line.split()[-1]) for line in lines]
+
+
+def test_the_closed_loop_learns_as_the_readme_shows(capsys):
+    accuracy = run_the_loop(capsys)
+    assert 0.8 < accuracy[0] < 0.93 and max(accuracy) >= 0.95 and accuracy[-1] > 0.93
+
+
+def test_the_closed_loop_in_the_wrong_order_runs_but_never_learns(capsys):
+    ## step() before backward(): each step sees gradients that zero_grad() has just cleared.
+    accuracy = run_the_loop(capsys, swap=True)
+    assert len(set(accuracy)) == 1 and accuracy[0] < 0.7  # the untrained model's, every epoch
+
+
 def test_the_tensor_snippet_prints_what_its_comments_say(capsys):
-    code = python_block_after("### Tensors and autograd")
-    exec(compile(code, "README tensor snippet", "exec"), {})
+    code = python_block_after("## Tensors and autograd")
+    exec(compile(code, "tensor snippet", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     assert printed == ["torch.Size([2, 3]) torch.int64", "tensor([0.5000, 1.0000])", "10.5",
-                       "False", "True", "True"]
+                       "False", "9.0", "True"]
     ## each printed line is the one its comment announces
     claimed = [line.split("# ")[1].split(":")[0] for line in code.splitlines()
                if line.startswith("print(")]
@@ -31,7 +60,7 @@ def test_the_tensor_snippet_prints_what_its_comments_say(capsys):
 
 def test_the_autograd_snippet_prints_what_its_comments_say(capsys):
     code = python_block_after("Autograd records what is computed")
-    exec(compile(code, "README autograd snippet", "exec"), {})
+    exec(compile(code, "autograd snippet", "exec"), {})
     printed = capsys.readouterr().out.split("\n")
     claimed = re.findall(r"print\(x\.grad\)\s+# (tensor\(\[[\d.]+\]\))", code)
     assert claimed == ["tensor([7.])", "tensor([11.])"]
@@ -54,23 +83,72 @@ def test_the_reuse_example_trains_and_saves_a_checkpoint(tmp_path, monkeypatch):
     x = torch.randn(2560, 8, generator=g)
     y = (x[:, 0] > 0).long()
     namespace = {"train_set": TensorDataset(x[:2048], y[:2048]),
-                 "val_set": TensorDataset(x[2048:], y[2048:]),
-                 "MyModel": zero_linear}
-    exec(compile(code, "README reuse example", "exec"), namespace)
+                 "val_set": TensorDataset(x[2048:], y[2048:]), "MyModel": zero_linear}
+    exec(compile(code, "reuse example", "exec"), namespace)
     assert namespace["best"] > 0.8  # a linear boundary: learnable in 10 epochs
     assert (tmp_path / "best.pt").exists()
     ## the reloaded model is the best one: it scores exactly the best validation accuracy
     reloaded, checkpoint = namespace["model"], namespace["checkpoint"]
-    val_x, val_y = x[2048:], y[2048:]
     device = next(reloaded.parameters()).device  # the example may have moved it to a GPU
-    assert ((reloaded(val_x.to(device)).argmax(1).cpu() == val_y).float().mean().item() ==
-            pytest.approx(namespace["best"], abs=1e-9))
+    accuracy = (reloaded(x[2048:].to(device)).argmax(1).cpu() == y[2048:]).float().mean().item()
+    assert accuracy == pytest.approx(namespace["best"], abs=1e-9)
     assert checkpoint["val_accuracy"] == namespace["best"] and 1 <= checkpoint["epoch"] <= 10
 
 
-def test_the_readme_states_the_measured_accuracy_of_the_default_run():
-    ## tests/test_mnist_train.py checks, on real MNIST, that the run reaches this number.
-    row = next(line for line in README.splitlines()
-               if line.startswith("| `python mnist_train.py --epochs 5` |"))
-    stated = float(row.split("|")[2])
-    assert f"Test Accuracy: {stated:.4f} ({round(stated * 10000)}/10000)" in README
+def lesson_path() -> list[tuple[str, str, int, int]]:
+    """(name, file, first line, last line) of each row of the README's lesson-path table."""
+    rows = re.findall(r"^\| [^|]+ \| (`\w+`|docstring) \| \[([\w.]+) (\d+)-(\d+)\]\(\2#L\3-L\4\)"
+                      r" \| (\d+) \|$", README, re.M)
+    assert rows, "the README's lesson-path table is gone"
+    assert all(int(count) == int(b) - int(a) + 1 for *_, a, b, count in rows)
+    return [(name.strip("`"), file, int(a), int(b)) for name, file, a, b, _ in rows]
+
+
+def test_each_line_range_of_the_lesson_path_is_the_whole_function_it_names():
+    ## So that the ranges cannot go stale: each starts at its `def` (or class) and ends with it.
+    for name, file, first, last in lesson_path():
+        tree = ast.parse((REPO / file).read_text())
+        node = (tree.body[0] if name == "docstring" else
+                next(n for n in tree.body if getattr(n, "name", None) == name))
+        assert (node.lineno, node.end_lineno) == (first, last), (name, file)
+    total = sum(last - first + 1 for *_, first, last in lesson_path())
+    assert total <= 300 and f"| | | in all | {total} |" in README
+
+
+def test_a_link_named_after_a_function_points_at_its_def():
+    ## [`make_schedule`](mnist_train.py#L264-L277) must start at `def make_schedule`.
+    links = re.findall(r"\[`?(?:[\w.]+\.)?(\w+)(?:\(\))?`?\]\(([\w/]+\.py)#L(\d+)-L(\d+)\)", README)
+    assert len(links) >= 5
+    for name, file, first, last in links:
+        tree = ast.parse((REPO / file).read_text())
+        node = next((n for n in ast.walk(tree) if getattr(n, "name", None) == name), None)
+        if node is not None:  # a link named after a step, not a function: its lines exist
+            assert (node.lineno, node.end_lineno) == (int(first), int(last)), (name, file)
+
+
+def test_every_link_of_the_readme_and_docs_resolves():
+    def slug(heading: str) -> str:  # GitHub's anchors: lower case, no punctuation, - for space
+        return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            file, _, anchor = target.partition("#")
+            path = (page.parent / file).resolve() if file else page
+            assert path.exists(), (page.name, target)
+            if re.fullmatch(r"L\d+(-L\d+)?", anchor):  # lines of a code file
+                assert int(anchor.split("-L")[-1].lstrip("L")) <= len(path.read_text().splitlines())
+            elif anchor:
+                headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
+                assert anchor in map(slug, headings), (page.name, target)
+
+
+def test_the_readme_is_a_page_a_learner_finishes_and_names_no_commit():
+    assert len(README.splitlines()) <= 250
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: no commits to compare with")
+    for word in set(re.findall(r"\b[0-9a-f]{7,40}\b", README)):
+        named = subprocess.run(["git", "cat-file", "-e", f"{word}^{{commit}}"], cwd=REPO,
+                               capture_output=True)
+        assert named.returncode != 0, word
