@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import difflib
 import errno
+import gc
 import glob
 import importlib.util
 import os
@@ -463,6 +464,9 @@ def run_script(main: Callable[[], int]) -> None:
     for stream in (sys.stdout, sys.stderr):  # Windows' cp1252: a letter it lacks prints as \xe9
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(errors="backslashreplace")
+    ## What the imports made (PyTorch's hundreds of thousands of objects) lives until the end:
+    ## out of the garbage collector's sight, it is not scanned again at each collection and exit.
+    gc.freeze()
     try:
         with stop_signals():
             code = main()

@@ -2,6 +2,7 @@
 their output checks, and what they import."""
 
 import errno
+import gc
 import io
 import os
 import subprocess
@@ -40,8 +41,17 @@ def ended(main, monkeypatch, capsys, stdout=None) -> tuple[int, str]:
     if stdout is not None:
         monkeypatch.setattr(sys, "stdout", stdout)
     with pytest.raises(SystemExit) as exit_:
-        safeguards.run_script(main)
+        try:
+            safeguards.run_script(main)
+        finally:
+            gc.unfreeze()  # run_script froze the test run's objects
     return exit_.value.code, capsys.readouterr().err
+
+
+def test_a_script_runs_with_its_imports_out_of_the_garbage_collectors_sight(monkeypatch, capsys):
+    ## A speed measure (benchmarks/bench_pipeline.py --end-to-end shows it): the collector does
+    ## not scan PyTorch's objects again at every collection and at exit.
+    assert ended(lambda: 0 if gc.get_freeze_count() > 0 else 5, monkeypatch, capsys) == (0, "")
 
 
 def test_a_script_ends_with_one_line_on_ctrl_c_and_its_own_code_otherwise(monkeypatch, capsys):
@@ -82,6 +92,7 @@ def test_only_stdout_s_own_failures_are_taken_for_them(monkeypatch):
     assert safeguards.output_failure(OSError(errno.EACCES, "Permission denied")) is None
     with pytest.raises(PermissionError):  # anything else is a bug: its traceback shows
         safeguards.run_script(lambda: (_ for _ in ()).throw(PermissionError(13, "denied")))
+    gc.unfreeze()
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="a pipe closed by its reader is POSIX's")
