@@ -1,8 +1,6 @@
 """mnist_train.py under torchrun: 2 CPU processes with the gloo backend, on the tiny MNIST; and
 leaving the process group cleanly."""
 
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,22 +16,38 @@ import predict
 REPO = Path(__file__).resolve().parent.parent
 
 
+## torchrun runs this file: mnist_train.py as `python mnist_train.py` runs it and, as the process
+## exits, the names of its threads (Linux keeps each one's in /proc/self/task/<id>/comm).
+WITH_THREADS_AT_EXIT = """
+import atexit, os, runpy, sys
+def threads():
+    if os.path.isdir(tasks := "/proc/self/task"):
+        names = [open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)]
+        print("threads at exit:", sorted(names), file=sys.stderr)
+atexit.register(threads)
+sys.path.insert(0, os.getcwd())
+sys.argv[0] = "mnist_train.py"
+runpy.run_path("mnist_train.py", run_name="__main__")
+"""
+
+
 @pytest.fixture(scope="module")
 def two_process_run(tiny_mnist, tmp_path_factory):
-    """One torchrun run with 2 processes and batch size 20: (stdout, checkpoint path)."""
-    save_path = tmp_path_factory.mktemp("ddp") / "ddp.pt"
+    """One torchrun run with 2 processes and batch size 20: (stdout, checkpoint path, stderr)."""
+    folder = tmp_path_factory.mktemp("ddp")
+    (folder / "with_threads_at_exit.py").write_text(WITH_THREADS_AT_EXIT)
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "mnist_train.py", "--data-dir", str(tiny_mnist), "--val-size", "201", "--subset", "560",
-         "--batch-size", "20", "--epochs", "2", "--save-path", str(save_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=900)
+         str(folder / "with_threads_at_exit.py"), "--data-dir", str(tiny_mnist), "--val-size",
+         "201", "--subset", "560", "--batch-size", "20", "--epochs", "2", "--save-path",
+         str(folder / "ddp.pt")], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout, save_path
+    return proc.stdout, folder / "ddp.pt", proc.stderr
 
 
 def test_only_rank_0_prints_and_its_checkpoint_loads_like_a_plain_one(two_process_run, tmp_path,
                                                                       capsys):
-    out, save_path = two_process_run
+    out, save_path, _ = two_process_run
     assert out.count("Test Accuracy: ") == 1 and out.count("initial loss") == 1
     ## rank 0 tests on the whole test set: 200 images, in the accuracy and in the matrix
     assert "/200)" in out.split("Test Accuracy: ")[1].splitlines()[0]
@@ -51,7 +65,7 @@ def test_only_rank_0_prints_and_its_checkpoint_loads_like_a_plain_one(two_proces
 
 def test_printed_metrics_are_those_of_the_whole_validation_set(two_process_run, tiny_mnist):
     ## 201 validation images: the two ranks hold 101 and 100 of them.
-    _, save_path = two_process_run
+    _, save_path, _ = two_process_run
     model, checkpoint = common.load_model(save_path)
     images, labels = common.load_mnist(tiny_mnist, train=True)
     val_idx = torch.randperm(len(labels), generator=torch.Generator().manual_seed(42))[:201]
@@ -70,7 +84,7 @@ def test_two_processes_with_batch_b_match_one_process_with_batch_2b(two_process_
     ## exactly the single process's batch of 40, and DDP averages their gradients: the same
     ## update. Only the order of floating-point additions differs, so the losses agree closely
     ## but not bit for bit.
-    _, save_path = two_process_run
+    _, save_path, _ = two_process_run
     single = tmp_path / "single.pt"
     assert mnist_train.main(["--data-dir", str(tiny_mnist), "--val-size", "201", "--subset", "560",
                              "--batch-size", "40", "--epochs", "2", "--save-path",
@@ -83,31 +97,11 @@ def test_two_processes_with_batch_b_match_one_process_with_batch_2b(two_process_
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(),
                     reason="lists threads through Linux's /proc")
-def test_leaving_the_process_group_stops_gloos_threads():
+def test_leaving_the_process_group_stops_gloos_threads(two_process_run):
     ## A thread of gloo still running while Python shuts down can abort a finished run at exit.
     ## Creating the optimizer imports torch.distributed.nn after the group exists; without the
     ## early import in safeguards.init_distributed, that module would keep the group, and its
-    ## threads, alive after leave_distributed(). The script prints the names of its threads
-    ## (Linux keeps each one's in /proc/self/task/<id>/comm). One process: no torchrun needed.
-    with socket.socket() as s:  # a free port for the group's rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = (
-        "import os, torch, common, mnist_train, safeguards\n"
-        "rank, world, device = safeguards.init_distributed(torch.device('cpu'))\n"
-        "model = common.build_model('mlp')\n"
-        "optimizer = mnist_train.make_optimizer('adam', model.parameters(), 1e-3, device)\n"
-        "ddp = safeguards.ddp(model, device)\n"
-        "ddp(torch.randn(4, 1, 28, 28)).sum().backward()\n"
-        "optimizer.step()\n"
-        "del ddp, model, optimizer\n"
-        "safeguards.leave_distributed(wait=True)\n"
-        "print(sorted(open(f'/proc/self/task/{t}/comm').read().strip()\n"
-        "             for t in os.listdir('/proc/self/task')))\n")
-    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    threads = proc.stdout.strip()
-    assert "gloo" not in threads, threads
+    ## threads, alive after leave_distributed().
+    threads = [line for line in two_process_run[2].splitlines()
+               if line.startswith("threads at exit:")]
+    assert len(threads) == 2 and not any("gloo" in line for line in threads), threads
