@@ -1,6 +1,7 @@
 """mnist_train.py under torchrun: 2 CPU processes with the gloo backend, on the tiny MNIST; and
 leaving the process group cleanly."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,13 +18,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 ## torchrun runs this file: mnist_train.py as `python mnist_train.py` runs it and, as the process
-## exits, the names of its threads (Linux keeps each one's in /proc/self/task/<id>/comm).
+## exits, the names of its threads (Linux keeps each one's in /proc/self/task/<id>/comm), in
+## one write, so that the two ranks' lines, on one stderr, do not mix.
 WITH_THREADS_AT_EXIT = """
 import atexit, os, runpy, sys
 def threads():
     if os.path.isdir(tasks := "/proc/self/task"):
         names = [open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)]
-        print("threads at exit:", sorted(names), file=sys.stderr)
+        os.write(2, f"threads at exit: {sorted(names)}\\n".encode())
 atexit.register(threads)
 sys.path.insert(0, os.getcwd())
 sys.argv[0] = "mnist_train.py"
@@ -102,6 +104,5 @@ def test_leaving_the_process_group_stops_gloos_threads(two_process_run):
     ## Creating the optimizer imports torch.distributed.nn after the group exists; without the
     ## early import in safeguards.init_distributed, that module would keep the group, and its
     ## threads, alive after leave_distributed().
-    threads = [line for line in two_process_run[2].splitlines()
-               if line.startswith("threads at exit:")]
+    threads = re.findall(r"threads at exit: \[[^]]*\]", two_process_run[2])
     assert len(threads) == 2 and not any("gloo" in line for line in threads), threads
