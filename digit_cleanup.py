@@ -729,11 +729,8 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
             dark_ink: bool) -> tuple[torch.Tensor, float]:
     """The digit that `mask` marks on a copy `factor` times smaller, cut out of `gray` with a
     margin of paper, scaled so its long side is DIGIT_BOX pixels; and that scale."""
-    top, bottom, left, right = bounding_box(mask)
-    ## The strokes' width as it will be in the DIGIT_BOX (paper all round: the whole outline).
-    box = F.pad(mask[top:bottom, left:right].float(), (1, 1, 1, 1))
-    width = stroke_width(box) * DIGIT_BOX / max(bottom - top, right - left)
-    top, bottom, left, right = (side * factor for side in (top, bottom, left, right))
+    box = bounding_box(mask)
+    top, bottom, left, right = (side * factor for side in box)
     size = max(bottom - top, right - left)
     margin = size / 2 + 2  # enough paper around the digit to measure the paper by
     h, w = gray.shape
@@ -747,6 +744,9 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
     ## Shrinking averages each cell of pixels into one: a stroke keeps its own ink. A line thinner
     ## than MNIST's (a 1-px pen line on a big canvas) would fade, and mnist_strokes() redraws it
     ## at MNIST's width anyway: each cell keeps its inkiest pixel, the line's path.
+    top, bottom, left, right = box  # the strokes' width as in the DIGIT_BOX, paper all round:
+    width = (stroke_width(F.pad(mask[top:bottom, left:right].float(), (1, 1, 1, 1)))
+             * DIGIT_BOX / max(bottom - top, right - left))
     x = crop if not dark_ink else -crop  # ink is the maximum now
     resized = (cell_max(x, out_size) if width < MNIST_WIDTHS[0] else
                F.interpolate(x[None, None], size=out_size, mode="area")[0, 0])

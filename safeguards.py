@@ -464,7 +464,7 @@ def run_script(main: Callable[[], int]) -> None:
     for stream in (sys.stdout, sys.stderr):  # Windows' cp1252: a letter it lacks prints as \xe9
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(errors="backslashreplace")
-    ## What the imports made (PyTorch's hundreds of thousands of objects) lives until the end:
+    ## What the imports made (over a hundred thousand objects) lives until the end:
     ## out of the garbage collector's sight, it is not scanned again at each collection and exit.
     gc.freeze()
     try:
