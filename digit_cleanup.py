@@ -1,27 +1,17 @@
 """Turn any picture of a handwritten digit into the 28 x 28 image an MNIST model expects.
 
-    from pathlib import Path
     from digit_cleanup import load_gray, preprocess
-
-    digit, warning = preprocess(load_gray(Path("my_digit.jpg")))  # 28 x 28, 0..1, white on black
-
-(To use it in a project of your own, copy the whole file: preprocess() needs the helpers below
-it. It needs torch and Pillow only.)
+    digit, warning = preprocess(load_gray("my_digit.jpg"))  # 28 x 28, 0..1, white on black
 
 A model only knows the kind of images it was trained on. MNIST digits are white on black, about
 20x20 pixels inside a 28x28 frame, centred by their centre of mass, with strokes about 2 pixels
-wide. A phone photo of a digit is none of that, so preprocess() turns any picture into such an
-image: it finds the digit on a small copy, cuts it out of the full-resolution picture, removes
-the paper (light, shadows, ruled lines, specks) and gives it MNIST's size, stroke width and
-position. A picture with no digit in it (blank, noise, a speck) gets a warning instead.
-
-predict.py and its page (`python predict.py --serve`) use this module; so does
-benchmarks/realistic_digits.py, which measures it. It reads top to bottom: reading a picture,
-then preprocess(), the steps that turn it into an MNIST digit, then the helpers of those steps.
-("Mask", throughout: a boolean image, True where there is ink.)
+wide. preprocess() finds the digit on a small copy of the picture, cuts it out of the full
+picture, removes the paper (light, shadows, ruled lines, specks) and gives it MNIST's size,
+stroke width and position; a picture with no digit in it gets a warning instead. The file reads
+top to bottom: reading a picture, preprocess(), then its helpers. It needs torch and Pillow
+only: copy it whole. ("Mask", throughout: a boolean image, True where there is ink.)
 """
 
-import functools
 import math
 import warnings
 from pathlib import Path
@@ -31,25 +21,18 @@ import torch
 import torch.nn.functional as F
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
-## The settings of the clean-up, in one place.
-## Pillow warns about pictures above this size as "decompression bombs" (small files that would
-## decode to gigabytes), and refuses those above twice it; load_gray() refuses them from the
-## warning on. Pillow's own default is 89 MP, raised here for big phone and scanner files.
+## The clean-up's settings. Pillow calls bigger pictures "decompression bombs" (small files that
+## decode to gigabytes): load_gray() refuses them. Pillow's 89 MP is raised for big phone photos.
 Image.MAX_IMAGE_PIXELS = 120_000_000
 MAX_PIXELS = 25_000_000  # bigger pictures are reduced to this as they are read (memory)
 OVERVIEW = 640  # the digit is looked for on a copy at most this many pixels across...
 DIGIT_BOX = 80  # ...then cut out and scaled so its long side is this: MNIST's 20-px box, 4x
 MIN_CONTRAST = 0.08  # ink differs from the paper by this much (0..1) at the least
-## MNIST's digits are about 20 px tall, and its least-inked one, a thin "1", covers 19 pixels:
-## one pixel wide, full height. What makes a digit is its span, then, and a digit can still be
-## read at a third of MNIST's height. Ink that spans fewer pixels than this is a speck.
+## What makes a digit is its span (MNIST's thinnest "1" is 1 px wide, 19 tall), and a digit can
+## still be read at a third of MNIST's 20 px: ink that spans fewer pixels is a speck.
 SPECK_EXTENT = 6
-## Ink less than this many times as long as its strokes are wide is a dot (a tap on the page, a full
-## stop), not a digit: see is_a_dot().
-DOT_LENGTH = 3.2
-## A number or a word is several digit-sized marks side by side, or one mark much wider than
-## tall; no digit is wider than about twice its height (MNIST's widest: 2.2).
-MAX_ASPECT = 2.5
+DOT_LENGTH = 3.2  # ink less than this many stroke widths long is a dot, not a digit: is_a_dot()
+MAX_ASPECT = 2.5  # wider than this times its height is a number or a word (MNIST's widest: 2.2)
 ## MNIST's stroke widths as mnist_strokes() measures them (at 4x), on its 60,000 training digits:
 MNIST_WIDTH = 8.0  # the median; strokes outside the usual range are brought to it
 MNIST_WIDTHS = (5.9, 11.2)  # the usual range: the 10th to the 90th percentile
@@ -59,30 +42,11 @@ class ImageProblem(Exception):
     """A picture that cannot be classified; reported for that file, then the next one is tried."""
 
 
-def one_thread(function):
-    """Run `function` with torch limited to one thread, and give the caller's setting back."""
-    ## On small tensors (a few hundred pixels across), splitting an operation over threads costs
-    ## more than it saves, and on a busy machine the threads wait for each other.
-    @functools.wraps(function)
-    def on_one_thread(*args, **kwargs):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return function(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-
-    return on_one_thread
-
-
 # reading a picture ---------------------------------------------------------------------------
 def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
     """Read any picture as a float tensor H x W in 0..1 (0 = black), upright, alpha on white.
-
-    `path` is a file's path, or a file object holding its bytes (io.BytesIO(data)).
-    """
-    if isinstance(path, str):
-        path = Path(path)
+    `path` is a file's path, or a file object holding its bytes (io.BytesIO(data))."""
+    path = Path(path) if isinstance(path, str) else path
     if isinstance(path, Path):
         try:
             if not path.exists():
@@ -103,8 +67,8 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
                 img.close()  # a picture, sent to the page above all, must never run a program
                 raise ImageProblem("is PostScript (EPS), which is not read here: save it as "
                                    "PNG or JPEG")
-            ## draft() asks the JPEG decoder for gray, and for a smaller scale if the picture
-            ## is huge: far less memory. Other formats ignore it and are reduced below.
+            ## draft(): the JPEG decoder gives gray, and a huge picture at a smaller scale
+            ## (far less memory). Other formats ignore it and are reduced below.
             factor = math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))
             img.draft("L", (img.width // factor, img.height // factor))
             img.load()
@@ -133,16 +97,13 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
         x = torch.frombuffer(bytearray(img.convert("F").tobytes()), dtype=torch.float32)
         x = x.view(img.height, img.width)
         x = torch.where(x.isfinite(), x, 0.0)  # NaN or infinity: a damaged pixel, read as black
-        ## The mode does not say which range the values use: some 16-bit files hold 0..255, and
-        ## float ones 0..1 (a little over 1 where a filter overshot). The largest value decides
-        ## (a 16-bit picture that stays below 256 throughout, nearly black, is read as 8-bit).
+        ## The mode does not say the range (some 16-bit files hold 0..255, float ones 0..1 or a
+        ## little over): the largest value decides.
         top = x.max()
         return (x / (65535.0 if top > 255 else 255.0 if top > 1.5 else 1.0)).clamp(0, 1)
     if img.mode in ("RGBA", "LA", "PA", "P") or "transparency" in img.info:
-        ## Transparent pixels have arbitrary colour underneath (often black, like the ink).
-        ## Put them on white paper, the way the picture looks in a viewer.
-        ## Many such pictures are opaque all over (an alpha channel saved out of habit): for
-        ## them, compositing would give the same colours, at the cost of a pass over every pixel.
+        ## Transparent pixels hide any colour (often black, like the ink): put them on white
+        ## paper, as a viewer shows them. A picture opaque all over needs no compositing.
         img = img.convert("RGBA")
         if img.getchannel("A").getextrema() != (255, 255):
             img = Image.alpha_composite(Image.new("RGBA", img.size, "white"), img)
@@ -172,19 +133,15 @@ def upright(img: Image.Image) -> Image.Image:
 def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
     """Shrink a decoded picture `factor` times by averaging, a strip at a time, so that memory
     holds the big picture and a small copy, never a second big one."""
-    ## The small copy is gray right away, except for pictures that have or may have transparency
-    ## (kept as RGBA, for load_gray to put on white; a palette may hold a transparent colour) and
-    ## for 16-bit or float pictures (kept at full depth).
-    if "transparency" in img.info or img.mode in ("RGBA", "LA", "PA", "P"):
-        mode = "RGBA"
-    else:
-        mode = "F" if img.mode == "F" else "I" if img.mode.startswith("I") else "L"
+    ## Gray at once, except where load_gray still needs transparency (RGBA) or the full depth.
+    mode = ("RGBA" if "transparency" in img.info or img.mode in ("RGBA", "LA", "PA", "P") else
+            "F" if img.mode == "F" else "I" if img.mode.startswith("I") else "L")
     small = Image.new(mode, (img.width // factor, img.height // factor))
     rows = factor * 64  # a strip of the big picture: a few MB at most
     for top in range(0, small.height * factor, rows):
         box = (0, top, small.width * factor, min(top + rows, small.height * factor))
         small.paste(img.crop(box).convert(mode).reduce(factor), (0, top // factor))
-    ## A new picture has no EXIF: carry over the "rotate me" tag, which load_gray applies next.
+    ## A new picture has no EXIF: carry over the "rotate me" tag for upright().
     try:
         orientation = img.getexif().get(ExifTags.Base.Orientation, 1)
     except DAMAGED_EXIF:  # upright() ignores it too
@@ -194,39 +151,26 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
 
 
 # turning a picture into an MNIST digit -------------------------------------------------------
-## preprocess() below is the whole recipe, its steps numbered in the order they run; the
-## functions after it are its helpers. Each step exists for a kind of picture people really
-## send; the comments say which. A few terms from image processing:
-##   paper level    the brightness the paper would have under each pixel without ink; ink is
+## preprocess() is the whole recipe, its steps numbered in the order they run; each exists for
+## a kind of picture people send. Terms from image processing:
+##   paper level    the paper's brightness under each pixel as if there were no ink; ink is
 ##                  measured against it, so shadows, uneven light and coloured paper cancel out
-##   Otsu's method  the threshold that best splits a set of values into two groups (ink, paper)
 ##   grain          how much the paper's brightness varies from pixel to pixel (its noise)
-##   hysteresis     two thresholds: pixels above the high one are ink, and pixels above the low
-##                  one join them where they touch; a faint stretch of a stroke stays attached
-##   closing        max, then min, over neighbourhoods: dark gaps narrower than the
-##                  neighbourhood close, wider dark areas keep their shape
-##   opening        min, then max: bright runs shorter than the neighbourhood vanish, longer
-##                  ones keep their shape
+##   Otsu's method  the threshold that best splits values into two groups (ink, paper)
+##   hysteresis     pixels above a low threshold count where they touch ones above a high one
+##   closing        max, then min, over neighbourhoods: narrow dark gaps close; opening, min
+##                  then max: bright runs shorter than the neighbourhood vanish
 ##   components     the separate blobs of a mask: pixels that touch (8 neighbours) share one
-##   anti-aliasing  soft gray edge pixels instead of a hard step; shrinking without averaging
-##                  (aliasing) turns thin lines into broken dashes; "bicubic" enlarges smoothly
-## And a few PyTorch idioms: F.interpolate and F.avg_pool2d take a batch of images with
-## channels, [N, C, H, W], as does F.pad except with a constant, so x[None, None] adds those two
-## dimensions and [0, 0] takes them off again. window_max(x, k) (at the end of this file) gives
-## each pixel the maximum of its k x k neighbourhood, as F.max_pool2d(x[None, None], k,
-## stride=1, padding=k // 2)[0, 0] would, and -window_max(-x, k) the minimum (the smallest value
-## is minus the largest of the negatives). A trailing underscore (div_, index_add_) changes a
-## tensor in place. unfold(dim, size, step) cuts a dimension into windows; scatter_reduce and
-## index_add_ collect values by label (the smallest, the largest, the sum).
+##   anti-aliasing  soft gray edges; shrinking without averaging turns thin lines into dashes
+## PyTorch idioms: F.interpolate (and F.pad, but for a constant) takes batches [N, C, H, W]:
+## x[None, None] adds those dimensions, [0, 0] removes them. window_max(x, k) is the maximum over
+## each pixel's k x k neighbourhood, -window_max(-x, k) the minimum. A trailing _: in place.
 
 
-@one_thread
 def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
-    """Turn a grayscale picture (H x W, 0..1) into a 28 x 28 MNIST-style digit (white on black).
-
-    Also return a warning when the picture holds no digit to read, or more than one (else None).
-    """
-    ## Wrong input is a bug in the code that calls this, not a fault of the picture: say so.
+    """Turn a grayscale picture (H x W, 0..1) into a 28 x 28 MNIST-style digit (white on black),
+    and a warning when it holds no digit to read, or more than one (else None)."""
+    ## Wrong input is a bug in the calling code, not a fault of the picture: say so.
     wrong = (f"preprocess() takes a gray picture as a float H x W tensor of values from 0 to 1 "
              f"(as load_gray gives), not {gray.dtype} of shape {list(gray.shape)}")
     if gray.dim() != 2 or not gray.is_floating_point() or gray.numel() == 0:
@@ -247,14 +191,11 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
     others = digit_sized(marks & ~mask, mask)  # how many marks left out are digit-sized
-    ## 2. Ink and mask again, on the digit alone: cut out of the full-resolution picture and
-    ##    scaled to DIGIT_BOX pixels, so that a small digit is enlarged before any threshold is
-    ##    chosen and its thin strokes and small loops survive.
+    ## 2. Ink and mask again on the digit alone, cut out of the full picture at DIGIT_BOX px:
+    ##    a small digit is enlarged before any threshold is chosen, so thin strokes survive.
     crop, scale = cut_out(gray, mask, gray.shape[0] / overview.shape[0], dark_ink)
-    ## Paper blocks of 13 px: a block inside a thicker stroke takes the paper of the blocks
-    ## around it (the closing in paper_level).
-    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)
-    mask = digit_mask(ink)
+    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)  # blocks of 13 px, wider than a stroke
+    mask = keep_digit(ink_mask(ink))
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
     top, bottom, left, right = bounding_box(mask)
@@ -273,10 +214,8 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
 def more_than_one_digit(mask: torch.Tensor, others: int) -> str | None:
     """A warning when the digit's mask looks like a number or a word, or when `others` more
     digit-sized marks were left out; else None."""
-    ## A digit's pieces share columns (the bar of a 5 above its belly), or are small (a speck,
-    ## a dot), or thin (a doubled stroke of a 1). Marks that stand side by side with paper
-    ## between them, each at least half as tall as the whole, as wide as a quarter of its
-    ## height, and with a quarter of the ink of the inkiest, are several characters.
+    ## A digit's pieces share columns (a 5's bar above its belly). Marks side by side, each half
+    ## as tall as the whole, a quarter of that wide, with a quarter of the most ink, are several.
     top, bottom, left, right = bounding_box(mask)
     height = bottom - top
     if (right - left) > MAX_ASPECT * height:
@@ -303,28 +242,21 @@ def more_than_one_digit(mask: torch.Tensor, others: int) -> str | None:
 
 def is_a_dot(mask: torch.Tensor) -> bool:
     """Whether the digit's ink is about as long as its strokes are wide: a dot, not a digit."""
-    ## Measured on the digit cut out at DIGIT_BOX px, so that small ink is enlarged first.
-    ## stroke_width() gives a stroke's width w; for a round dot of diameter D it gives D / 2, so a
-    ## dot is 2 widths long (2.5 to 2.7 as pixels draw it, up to 2.9 for a dot only 6 px across,
-    ## enlarged from few pixels). Every digit is strokes several widths long: at least 3.5 for the
-    ## boldest of MNIST's test digits, and more for drawn and photographed ones. DOT_LENGTH lies
-    ## between.
+    ## A round dot of diameter D has a stroke_width() of D / 2: it is under 3 widths long. Every
+    ## digit is strokes several widths long, even MNIST's boldest.
     top, bottom, left, right = bounding_box(mask)
     length = max(bottom - top, right - left)
     if length < 12:  # too few pixels: the outline would be most of the ink, no verdict
         return False
-    ## The ink's box with a 1-px margin of paper all round, also where the ink touches the
-    ## edge of the cut-out: stroke_width() sees no outline along an edge without paper.
+    ## A 1-px margin of paper all round: stroke_width() sees no outline along an edge without it.
     box = F.pad(mask[top:bottom, left:right].float(), (1, 1, 1, 1))
     return length / stroke_width(box) < DOT_LENGTH
 
 
 def dark_holes_filled(mask: torch.Tensor, gray: torch.Tensor, dark_ink: bool) -> torch.Tensor:
     """The mask with its holes filled if they are dark like its ink: a solid blob made whole."""
-    ## A filled blob much wider than a stroke is wider than paper_level()'s blocks too, and they
-    ## take its inside for paper in a shadow: its mask is then only its outline, a ring that
-    ## reads as a 0. A real 0's, 6's, 8's or 9's hole is paper, as bright as the paper around.
-    ## Holes: the pieces of not-ink that do not reach the edge of the cut-out.
+    ## paper_level() can take the inside of a wide blob for paper, leaving a ring, read as a 0; a
+    ## real 0's hole is as bright as the paper. Holes: not-ink that does not reach the edge.
     outside = components(~mask)
     edges = torch.cat([outside[0], outside[-1], outside[:, 0], outside[:, -1]]).unique()
     holes = ~mask & ~torch.isin(outside, edges)
@@ -337,10 +269,8 @@ def dark_holes_filled(mask: torch.Tensor, gray: torch.Tensor, dark_ink: bool) ->
 
 def digit_sized(left_out: torch.Tensor, digit: torch.Tensor) -> int:
     """How many marks of `left_out` stand beside the digit, about as big: other characters."""
-    ## Specks and dashes are small, page edges and shadows touch the border, and the pieces of
-    ## a broken digit lie above or below each other. A mark on the same line as the digit (its
-    ## rows overlap the digit's by half), beside it, at least half its height, a quarter of its
-    ## height wide and with a quarter of its ink, is another character of a number or a word.
+    ## A mark beside the digit on its line (half its rows shared), at least half its height, a
+    ## quarter of that wide, with a quarter of its ink, is a character; specks and pieces are not.
     if not left_out.any():
         return 0
     small, _ = at_most(left_out, 128)  # the same scale for both, as keep_digit() works
@@ -378,8 +308,8 @@ def already_mnist(gray: torch.Tensor) -> bool:
 
 
 def shrink(x: torch.Tensor, size: int) -> torch.Tensor:
-    """Scale down so the long side is at most `size`, averaging each area (a thin stroke fades
-    with the pixels around it, but it does not vanish, as it can when pixels are skipped)."""
+    """Scale down so the long side is at most `size`, averaging each area (a thin stroke fades,
+    but it does not vanish, as it can when pixels are skipped)."""
     scale = size / max(x.shape)
     if scale >= 1:
         return x
@@ -388,13 +318,9 @@ def shrink(x: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def ink_polarity(x: torch.Tensor) -> tuple[bool, str | None]:
-    """Return (dark_ink, None): dark_ink is True if the ink is darker than the paper. With no
-    ink to find, return (True, why): the True then means nothing."""
-    ## Dark ink on light paper, or a white-on-black drawing? Pixels that differ from the paper
-    ## under them by far more than the paper's own grain are ink, and the ink lies on one side.
-    ## With none on either side the picture is blank, or noise with nothing standing out.
-    ## With the ink's side unknown, the paper is each block's median, right only where ink
-    ## covers less than half the block: hence big blocks here, a quarter of the picture.
+    """(dark_ink, None): whether the ink is darker than the paper; with no ink, (True, why)."""
+    ## Pixels far from the paper, beyond its grain, are ink, on one side. With the side unknown,
+    ## the paper is each block's median (right while ink covers under half): hence big blocks.
     residual = x - paper_level(x, max(paper_block(x), min(x.shape) // 4))
     cut = ink_cut(x)
     darker = (-residual - cut).clamp(min=0).sum()
@@ -404,23 +330,19 @@ def ink_polarity(x: torch.Tensor) -> tuple[bool, str | None]:
             return True, "no digit found: the picture is blank (one uniform colour)"
         return True, ("no digit found: no ink stands out from the paper's grain (noise, or a "
                       "picture too faint)")
-    ## Paper is usually the lighter one: light ink needs the weight of evidence *and* a dark
-    ## picture with a dark border, as a white-on-black drawing or a blackboard has.
+    ## Light ink needs the evidence *and* a dark picture and border (a drawing, a blackboard).
     border = torch.cat([x[0], x[-1], x[:, 0], x[:, -1]])
     return not (lighter > darker and x.median() < 0.5 and border.median() < 0.5), None
 
 
 def paper_block(x: torch.Tensor) -> int:
-    """Block size for paper_level on a whole picture: wider than a stroke, narrower than a
-    shadow."""
+    """paper_level's block on a whole picture: wider than a stroke, narrower than a shadow."""
     return max(6, max(x.shape) // 24)
 
 
 def paper_level(x: torch.Tensor, block: int, dark_ink: bool | None = None) -> torch.Tensor:
-    """The brightness of the paper under every pixel, ink or not, from blocks of the picture.
-
-    `dark_ink`: True or False when the ink's side is known, None when it is not (yet).
-    """
+    """The paper's brightness under every pixel, ink or not, from blocks of the picture
+    (`dark_ink`: None while the ink's side is not known)."""
     v = x if dark_ink is not False else 1 - x  # light ink: work on the negative, then undo
     h, w = v.shape
     b = max(2, min(block, h, w))
@@ -429,16 +351,13 @@ def paper_level(x: torch.Tensor, block: int, dark_ink: bool | None = None) -> to
     cells = padded.unfold(0, b, b).unfold(1, b, b).reshape(-1, b * b)  # one row per block
     shape = (padded.shape[0] // b, padded.shape[1] // b)
     if dark_ink is None:
-        ## Ink on an unknown side: the median of a block is the paper as long as ink covers
-        ## less than half of it, and each block also takes the median of its neighbours'.
+        ## A block's median is the paper while ink covers less than half of it; then the median
+        ## of its neighbours' too.
         grid = neighbours(cells.median(dim=1).values.view(shape)).median(dim=-1).values
     else:
-        ## The ink is dark now (light ink was turned into its negative above): the paper is the
-        ## bright part of each block (its 90th percentile; not its maximum, as a noisy pixel
-        ## can be brighter), even in a block that a thick stroke mostly covers. Then a
-        ## "closing" on the grid of blocks: each takes the brightest of its neighbours (which
-        ## fills blocks inside a stroke), then the darkest of those (which puts the edge of a
-        ## shadow back where it was).
+        ## The paper is each block's bright part (its 90th percentile: a noisy pixel can be
+        ## brighter). Then a closing on the grid: the brightest neighbour fills blocks inside a
+        ## thick stroke, the darkest of those puts a shadow's edge back.
         grid = top_quantile(cells, 0.9, dim=1).view(shape)
         grid = neighbours(neighbours(grid).amax(dim=-1)).amin(dim=-1)
     full = F.interpolate(grid[None, None], size=padded.shape, mode="bilinear",
@@ -454,24 +373,16 @@ def neighbours(grid: torch.Tensor) -> torch.Tensor:
 
 def grain(x: torch.Tensor) -> float:
     """How much the paper varies from pixel to pixel: a robust standard deviation of its noise."""
-    ## Differences between neighbouring pixels cancel slow changes of light; the edges of
-    ## strokes are too few to move their median, however much of the picture the ink covers.
-    ## 1.4826 x a median of absolute values is a standard deviation (for normal noise), and
-    ## the difference of two pixels has sqrt(2) times the noise of one.
+    ## Neighbours' differences cancel slow light; strokes' edges are too few to move the median.
+    ## 1.4826 x median(|d|) is a standard deviation, and d has sqrt(2) times a pixel's noise.
     steps = x.flatten().diff().abs()
     return 1.4826 * float(steps.median()) / math.sqrt(2) if steps.numel() else 0.0
 
 
 def ink_cut(x: torch.Tensor) -> float:
-    """How far a pixel must stand out from the paper to be ink: MIN_CONTRAST, or 5 times the
-    grain on paper grainier than that (max(MIN_CONTRAST, 5 * grain(x)))."""
-    ## grain() takes a median, a partial sort of every pixel. It matters only when it is above
-    ## MIN_CONTRAST / 5, and it seldom is (only on some photos). Whether the median step lies at or
-    ## below a level is a count, one pass: at least (n - 1) // 2 + 1 of the n steps at or below it
-    ## (torch's median of an even number of values is the lower middle one, the value (n - 1) // 2
-    ## places up from the smallest). The level is 0.9 times the step that would matter, so that
-    ## rounding cannot tip the answer: the result is max(MIN_CONTRAST, 5 * grain(x)) to the last bit
-    ## either way.
+    """How far a pixel must stand out from the paper to be ink: max(MIN_CONTRAST, 5 * grain(x))."""
+    ## grain()'s median is slow and seldom matters: it cannot when over half the steps (the lower
+    ## middle one is torch's median) lie below 0.9 times the step that would (0.9: no rounding).
     steps = x.flatten().diff().abs()
     level = 0.9 * (MIN_CONTRAST / 5) * math.sqrt(2) / 1.4826  # median step: 5 * grain = 0.9 x
     if int((steps <= level).sum()) > (steps.numel() - 1) // 2:
@@ -481,16 +392,14 @@ def ink_cut(x: torch.Tensor) -> float:
 
 def ink_map(x: torch.Tensor, dark_ink: bool, block: int) -> torch.Tensor:
     """How much ink each pixel holds, 0..1, scaled so that the pen's typical ink is 1."""
-    ## Ink is measured against the paper under it, so that uneven light, a shadow or coloured
-    ## paper cancel out: darkness relative to the paper for dark ink, brightness for light ink.
+    ## Against the paper under it: uneven light, shadows and coloured paper cancel out.
     paper = paper_level(x, block, dark_ink)
     if dark_ink:
         ink = (paper - x) / paper.clamp(min=0.1)  # a share of the paper: the same pen in dim light
     else:
         ink = (x - paper) / (1 - paper).clamp(min=0.1)
-    ## Contrast: a pencil is fainter than a marker. Among the pixels that stand out from the
-    ## paper by far more than its grain, the strong group (Otsu's threshold) is the pen; its
-    ## 90th percentile becomes 1, so a few extra-dark pixels do not set the scale.
+    ## A pencil is fainter than a marker: among the pixels that stand out from the grain, the
+    ## strong group (Otsu's threshold) is the pen, and its 90th percentile becomes 1.
     clear = ink[ink > ink_cut(ink)]
     if clear.numel() == 0:
         return torch.zeros_like(ink)
@@ -506,16 +415,9 @@ def otsu_threshold(values: torch.Tensor) -> float:
     mean_low = (hist * centres).cumsum(0) / weight.clamp(min=1)
     mean_high = ((hist * centres).sum() - (hist * centres).cumsum(0)) / (
         weight[-1] - weight).clamp(min=1)
-    ## The best cut makes the two groups both big and far apart: it maximises
-    ## (pixels below) x (pixels above) x (difference of their means)^2. The cut lies at the top
-    ## edge of its bin.
+    ## Both groups big and far apart: (pixels below) x (above) x (means' difference)^2, maximal.
     between = weight * (weight[-1] - weight) * (mean_low - mean_high) ** 2
     return float(centres[between.argmax()] + 0.5 / 64)
-
-
-def digit_mask(ink: torch.Tensor) -> torch.Tensor:
-    """Pixels of the digit's strokes: clear ink, without ruled lines, specks or page edges."""
-    return keep_digit(ink_mask(ink))  # drop specks, page edges, other marks
 
 
 def ink_mask(ink: torch.Tensor) -> torch.Tensor:
@@ -526,9 +428,8 @@ def ink_mask(ink: torch.Tensor) -> torch.Tensor:
 
 def grow(seeds: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """Grow `seeds` into the connected pixels of `allowed` ("hysteresis" thresholding)."""
-    ## A JPEG-softened stroke fades in places: those faint pixels join the digit where they
-    ## connect to clear ink (the bar of a 5, the top of a 9's loop), while faint marks that
-    ## touch no clear ink stay out. So: the regions of `allowed` that hold at least one seed.
+    ## A softened stroke fades in places: faint pixels join where they connect to clear ink (the
+    ## top of a 9's loop), and faint marks that touch none stay out.
     labels = components(allowed)
     seeded = torch.zeros(int(labels.max()) + 1, dtype=torch.bool)
     seeded[labels[seeds & allowed]] = True
@@ -538,18 +439,13 @@ def grow(seeds: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
 
 def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
     """Pixels of printed lines that run across the picture (squared or lined paper)."""
-    ## A line is a long, straight, thin run of ink: a run at least 1/5 of the picture wide (an
-    ## "opening" along the line keeps exactly such runs); a slight tilt is tolerated by
-    ## smearing the mask a pixel across it first. A digit's strokes are never this long *and*
-    ## straight *and* repeated: only when two or more such lines span the picture is the paper
-    ## ruled, and only then are they removed. This runs on a copy at most 256 pixels across.
+    ## A line: a straight run of ink 1/5 of the picture long (smeared a pixel across for a tilt).
+    ## A digit's strokes are never this long *and* repeated: only two or more lines are removed.
     small, restore = at_most(mask, 256)
     lines, on_lines = torch.zeros_like(small), [torch.zeros_like(small)] * 2
     for along in (0, 1):  # 0: horizontal lines, 1: vertical lines
         m = (small if along == 0 else small.T).float()
-        ## A line fills more than 0.6 of its row with ink (full_rows below), and only the row's
-        ## own ink can be line: with fewer than two rows that full, there is nothing to find.
-        ## Most pictures stop here and skip the search below.
+        ## A line fills over 0.6 of its row (full_rows): most pictures have no two such rows.
         if int((m.mean(dim=1) > 0.6).sum()) < 2:
             continue
         run = max(8, m.shape[1] // 5) | 1  # odd (| 1): an opening's window has a centre pixel
@@ -559,8 +455,7 @@ def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
         ## A line several pixels thick fills neighbouring rows: count each run of rows once.
         separate_lines = (full_rows[1:] & ~full_rows[:-1]).sum() + full_rows[0]
         if separate_lines >= 2:
-            ## Spare the pixels where a stroke crosses a line (ink runs on 2 px to both sides
-            ## of it, wider than a printed line), so that the line does not cut the digit in two.
+            ## Spare where a stroke crosses a line (ink 2 px on both sides): the digit stays whole.
             crossing = -window_max(-m, 5, 1) > 0  # the minimum of a 5-pixel column
             found = on_line & full_rows[:, None]
             on_lines[along] = found if along == 0 else found.T  # crossings included
@@ -572,8 +467,7 @@ def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
 def long_runs(mask: torch.Tensor, length: int) -> torch.Tensor:
     """The pixels of each row's runs of True that are at least `length` long; a run that
     touches the left or right edge counts as if it went on for length // 2 beyond it."""
-    ## What an opening with a 1 x length line does, in one pass instead of length steps: each
-    ## run's first and last column come from where the row changes from False to True and back.
+    ## An opening with a 1 x length line, in one pass: runs start and end where the row changes.
     h, w = mask.shape
     steps = F.pad(mask.to(torch.int8), (1, 1)).diff(dim=1)
     rows, first = (steps == 1).nonzero(as_tuple=True)
@@ -588,15 +482,13 @@ def long_runs(mask: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def at_most(mask: torch.Tensor, size: int):
-    """Shrink a mask (keeping every inked pixel) to at most `size` pixels across.
-
-    Returns the small mask and a function that scales a small mask back to the full size.
-    """
+    """The mask shrunk to at most `size` pixels across, each cell inked if any pixel of it is,
+    and a function that scales a small mask back to the full size."""
     scale = size / max(mask.shape)
     if scale >= 1:
         return mask, lambda small: small
     shape = (max(1, round(mask.shape[0] * scale)), max(1, round(mask.shape[1] * scale)))
-    small = cell_max(mask.float(), shape) > 0
+    small = F.adaptive_max_pool2d(mask.float()[None, None], shape)[0, 0] > 0
 
     def restore(small: torch.Tensor) -> torch.Tensor:
         return F.interpolate(small.float()[None, None], size=mask.shape, mode="nearest")[0, 0] > 0
@@ -613,9 +505,8 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     if count == 0:
         return mask
     area, top, bottom, left, right = blobs(labels)
-    ## Edges of the page, the table beyond it: marks that run along the picture's border, over
-    ## much of its length. They count for little when choosing the digit. (A tightly cropped
-    ## digit touches the border too, but only where its strokes end.)
+    ## Page edges, the table beyond: marks along much of a border count little (a cropped digit
+    ## touches it only where strokes end).
     def contact(line: torch.Tensor) -> torch.Tensor:  # share of a border line on each blob
         return torch.zeros(count + 1).index_add_(0, line, torch.ones(len(line))) / len(line)
 
@@ -625,26 +516,20 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     score = area * torch.where(edge_share > 0.4, 0.2, 1.0)
     score[0] = -1
     main = int(score.argmax())
-    ## Pieces of the same digit (a "5" whose bar is detached, a broken pencil line) lie within
-    ## half a digit of the main blob; specks and other marks lie further away or are tiny.
+    ## Pieces of the digit (the detached bar of a 5) lie within half a digit of the main blob.
     size = max(bottom[main] - top[main], right[main] - left[main]) + 1
-    ## gap: how far each blob's box is from the main blob's, in rows or columns (boxes' last
-    ## rows and columns included: 1 for boxes side by side, 0 for boxes that overlap)
+    ## gap: how far each blob's box is from the main blob's (1 side by side, 0 overlapping)
     gap = torch.maximum(torch.maximum(top - bottom[main], top[main] - bottom),
                         torch.maximum(left - right[main], left[main] - right)).clamp(min=0)
-    ## However small, a piece close to the digit's strokes is part of a stroke that broke
-    ## apart, not a speck: a faint loop top that came out as a row of dashes. Widened by a
-    ## 32nd of the digit's size on each side, in whole pixels (so a digit under 32 pixels
-    ## across, in this 128-px copy, is not widened), such pieces touch, dash by dash, and join
-    ## the main blob.
+    ## However small, a piece close to the strokes is part of a stroke that broke apart (a faint
+    ## loop top as a row of dashes): widened by a 32nd of the digit's size, dashes touch.
     k = int(size) // 32 * 2 + 1  # odd: the window that widens
     joined = components(window_max(small.float(), k) > 0)
     ## linked: the blobs inside the same widened region as the main blob
     linked = torch.zeros(count + 1, dtype=torch.bool)
     linked[labels[joined == joined[labels == main][0]].unique()] = True
-    ## A piece stays if it has at least 5% of the main blob's area, or is linked; either kind
-    ## only within half a digit (a chain of specks on grainy paper must not spread over the
-    ## page). Pieces at the border go, unless the digit is there too.
+    ## A piece stays if it has 5% of the main blob's area, or is linked, within half a digit (a
+    ## chain of specks must not spread over the page); at the border, only if the digit is too.
     touches = edge_share > 0
     keep = ((gap <= size / 2) & ((area >= 0.05 * area[main]) | linked)
             & ~(touches & ~touches[main]))
@@ -676,14 +561,13 @@ def components(mask: torch.Tensor) -> torch.Tensor:
     top, bottom, left, right = bounding_box(mask)
     mask = mask[top:bottom, left:right]
     h, w = mask.shape
-    ## 1. Runs: the stretches of True pixels in each row, each given by its row and its first
-    ##    and last column. A stroke is a few runs per row, whatever its length.
+    ## 1. Runs: the stretches of True pixels in each row (a stroke: a few per row, however long).
     steps = F.pad(mask.to(torch.int8), (1, 1)).diff(dim=1)  # +1: a run starts, -1: it ended
     run_rows, run_firsts = (steps == 1).nonzero(as_tuple=True)
     run_lasts = (steps == -1).nonzero(as_tuple=True)[1] - 1
     rows, first, last = run_rows.tolist(), run_firsts.tolist(), run_lasts.tolist()
-    ## 2. Union-find: each run points to a run of its region (itself at first). Runs in
-    ##    neighbouring rows that overlap, or touch at a corner, join one region.
+    ## 2. Union-find: each run points to a run of its region (itself at first); runs in
+    ##    neighbouring rows that touch (corners too) join one region.
     parent = list(range(len(rows)))
 
     def root(i: int) -> int:
@@ -692,11 +576,8 @@ def components(mask: torch.Tensor) -> torch.Tensor:
             i = parent[i]
         return i
 
-    row_start = [0] * (h + 1)  # runs of row r: row_start[r] to row_start[r + 1] - 1
-    for r in rows:
-        row_start[r + 1] += 1
-    for r in range(h):
-        row_start[r + 1] += row_start[r]
+    ## Runs of row r: row_start[r] to row_start[r + 1] - 1
+    row_start = [0] + torch.bincount(run_rows, minlength=h).cumsum(0).tolist()
     for r in range(h - 1):
         i, j = row_start[r], row_start[r + 1]  # walk the runs of rows r and r + 1 together
         while i < row_start[r + 1] and j < row_start[r + 2]:
@@ -708,12 +589,9 @@ def components(mask: torch.Tensor) -> torch.Tensor:
                 i += 1
             else:
                 j += 1
-    ## 3. Number the regions 1, 2, ... in reading order, and paint each run with its number: on
-    ##    the pixels in reading order, +number where a run starts and -number just after it
-    ##    ends; a running sum then gives each pixel of the run its number, and 0 between runs.
-    ##    (Just after a run that ends a row is the next row's first pixel, and after the last
-    ##    row one extra slot: the running sum is back at 0 before any other run starts.) The
-    ##    runs' tensors serve this painting, their lists the Python loop above.
+    ## 3. Number the regions 1, 2, ... in reading order, and paint the runs: on the pixels in
+    ##    reading order (one extra slot at the end), +number where a run starts and -number just
+    ##    after it ends; a running sum then gives each run's pixels its number, 0 between runs.
     numbers, region_of_run = {}, []
     for i in range(len(parent)):
         region_of_run.append(numbers.setdefault(root(i), len(numbers) + 1))
@@ -741,27 +619,25 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
     if scale >= 1:  # enlarged smoothly (bicubic), with sharper edges than bilinear would give
         resized = F.interpolate(crop[None, None], size=out_size, mode="bicubic")[0, 0]
         return resized.clamp(0, 1), scale
-    ## Shrinking averages each cell of pixels into one: a stroke keeps its own ink. A line thinner
-    ## than MNIST's (a 1-px pen line on a big canvas) would fade, and mnist_strokes() redraws it
-    ## at MNIST's width anyway: each cell keeps its inkiest pixel, the line's path.
+    ## Shrinking averages cells of pixels. A line thinner than MNIST's (a 1-px pen on a big canvas)
+    ## would fade: each cell keeps its inkiest pixel, which mnist_strokes() redraws wider.
     top, bottom, left, right = box  # the strokes' width as in the DIGIT_BOX, paper all round:
     width = (stroke_width(F.pad(mask[top:bottom, left:right].float(), (1, 1, 1, 1)))
              * DIGIT_BOX / max(bottom - top, right - left))
     x = crop if not dark_ink else -crop  # ink is the maximum now
-    resized = (cell_max(x, out_size) if width < MNIST_WIDTHS[0] else
-               F.interpolate(x[None, None], size=out_size, mode="area")[0, 0])
+    shrunk = F.adaptive_max_pool2d if width < MNIST_WIDTHS[0] else F.adaptive_avg_pool2d
+    resized = shrunk(x[None, None], out_size)[0, 0]
     return (resized if not dark_ink else -resized).clamp(0, 1), scale
 
 
 def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     """Scale the cropped digit into MNIST's 20 x 20 box, with MNIST's stroke width."""
-    ## Work at 4x the final size (the DIGIT_BOX), where stroke width can be changed in whole pixels,
-    ## then shrink by averaging 4x4 blocks: that gives MNIST's soft, anti-aliased edges.
+    ## At 4x (DIGIT_BOX), widths change by whole pixels; 4x4 averages then give soft edges.
     big = at_4x(digit)
     width = stroke_width(big > 0.5)
-    ## Strokes of MNIST's usual widths stay as they are; thinner ones (a mouse's 1-px line) and
-    ## thicker ones (a marker) are brought to within a pixel of its median, a pixel a side at a
-    ## time: the maximum over each 3 x 3 neighbourhood spreads the ink, the minimum thins it.
+    ## MNIST's usual widths stay; thinner strokes (a mouse's 1-px line) and thicker ones (a
+    ## marker) come to within a pixel of its median, a pixel a side at a time: the maximum over
+    ## each 3 x 3 neighbourhood spreads the ink, the minimum thins it.
     if not MNIST_WIDTHS[0] <= width <= MNIST_WIDTHS[1]:
         if width < MNIST_WIDTHS[0]:  # a line this thin covers part of each pixel it crosses:
             big = (2 * big).clamp(0, 1)  # its shades say how much, not how dark the pen was
@@ -787,16 +663,14 @@ def at_4x(digit: torch.Tensor) -> torch.Tensor:
     """The digit with its long side DIGIT_BOX px (MNIST's 20-px box at 4x), its inkiest pixels
     at full ink, and black room around it: where stroke widths are measured and changed."""
     big = fit(digit, DIGIT_BOX)
-    ## The 99th percentile becomes 1 (not the maximum, which one stray bright pixel could set):
-    ## faint thin lines reach full ink.
+    ## The 99th percentile becomes 1 (one stray bright pixel could set the maximum).
     big = big / top_quantile(big.flatten(), 0.99).clamp(min=1e-3)
     return F.pad(big.clamp(0, 1), (12, 12, 12, 12))  # black room for strokes to grow into
 
 
 def bounding_box(mask: torch.Tensor) -> tuple[int, int, int, int]:
-    """(top, bottom, left, right) of a mask's True pixels, as slice bounds: mask[top:bottom,
-    left:right] holds them all. The mask must have at least one."""
-    ## As Python lists (one conversion, not four int() calls): the rows that hold ink, top first
+    """(top, bottom, left, right) of a mask's True pixels (at least one), as slice bounds:
+    mask[top:bottom, left:right] holds them all."""
     rows = mask.any(dim=1).nonzero().flatten().tolist()
     cols = mask.any(dim=0).nonzero().flatten().tolist()
     return rows[0], rows[-1] + 1, cols[0], cols[-1] + 1
@@ -812,14 +686,12 @@ def fit(x: torch.Tensor, box: int) -> torch.Tensor:
 
 
 def stroke_width(mask: torch.Tensor) -> float:
-    """Average stroke width in pixels: area divided by half the outline's length. The outline
-    pixels are ink too, so a line 1 or 2 pixels wide reads as 2: measure strokes several pixels
-    wide (mnist_strokes works at 4x for that)."""
-    ## A stroke of width w and length L covers w x L pixels and has an outline of about 2 x L
-    ## pixels (one edge on each side), so w = area / (outline / 2).
+    """Average stroke width in pixels: a stroke of width w and length L covers w x L pixels
+    with an outline of about 2 x L, so w = area / (outline / 2). Outline pixels are ink too, so
+    a line 1 or 2 px wide reads as 2: measure wider strokes (mnist_strokes works at 4x)."""
     m = mask.float()
-    ## Pixels whose 8 neighbours are all ink. Beyond the edge counts as ink (window_max pads
-    ## -m with -inf): a mask needs a margin of paper for its outline to be seen there.
+    ## Pixels whose 8 neighbours are all ink; beyond the edge counts as ink, so a mask needs a
+    ## margin of paper for its outline to be seen there.
     inner = -window_max(-m, 3)
     outline = (m - inner).sum()
     return float(2 * m.sum() / outline.clamp(min=1))
@@ -847,16 +719,11 @@ def plain_28x28(gray: torch.Tensor) -> torch.Tensor:
     return 1 - small if border.median() > 0.5 else small
 
 
-# the same numbers as three torch functions, in less time ------------------------------------
-## The clean-up calls torch many times on small tensors, where some functions spend more time on
-## their general machinery than on the pixels, and adaptive_max_pool2d is slow on big ones too.
-## These three give exactly the same numbers (the tests check it) in a fraction of the time.
+# F.max_pool2d's and torch.quantile's numbers, faster on small tensors (the tests compare) ------
 def window_max(x: torch.Tensor, height: int, width: int | None = None) -> torch.Tensor:
     """Each pixel's maximum over the height x width window centred on it (odd sizes; width
-    defaults to height): F.max_pool2d(x[None, None], (height, width), 1, (height // 2,
-    width // 2))[0, 0] for a 2-D float x, and -window_max(-x, ...) the minimum."""
-    ## The maximum of shifted copies, first along each row and then down each column. Padding
-    ## with -inf lets the edge pixels compare only with real ones, as max_pool2d does.
+    defaults to height), as F.max_pool2d(x[None, None], (height, width), 1, (height // 2,
+    width // 2))[0, 0] gives it: the maximum of shifted copies, along rows, then columns."""
     width = width or height
     h, w = x.shape
     padded = F.pad(x, (width // 2, width // 2, height // 2, height // 2), value=-math.inf)
@@ -869,38 +736,11 @@ def window_max(x: torch.Tensor, height: int, width: int | None = None) -> torch.
     return out
 
 
-def cell_max(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """The maximum of each cell when a 2-D x is cut into size[0] x size[1] cells, as
-    F.adaptive_max_pool2d(x[None, None], size)[0, 0] cuts it (neighbouring cells may share a
-    pixel, and with more cells than pixels, pixels repeat)."""
-    ## adaptive_max_pool2d visits every cell's whole window; taking the maximum over each cell's
-    ## rows (dim 0) first, then over its columns (dim 1), visits each pixel once per direction, and
-    ## a maximum comes out the same whatever the order. Along a side of n pixels, cell i covers the
-    ## pixels from floor(i * n / cells) up to but not including ceil((i + 1) * n / cells), as
-    ## PyTorch cuts them; a cell shorter than the longest repeats its last pixel, which changes no
-    ## maximum.
-    for dim, cells in enumerate(size):
-        n = x.shape[dim]
-        i = torch.arange(cells)
-        first, end = i * n // cells, ((i + 1) * n + cells - 1) // cells
-        longest = int((end - first).max())
-        pixels = torch.minimum(first[:, None] + torch.arange(longest), end[:, None] - 1)
-        picked = x.index_select(dim, pixels.flatten())  # each cell's pixels, side by side
-        shape = list(x.shape)
-        shape[dim : dim + 1] = [cells, longest]
-        x = picked.view(shape).amax(dim=dim + 1)
-    return x
-
-
 def top_quantile(x: torch.Tensor, q: float, dim: int = -1) -> torch.Tensor:
-    """x.quantile(q, dim) for a high q (0.9, 0.99), computed from the largest values only.
-    x must hold values (no NaN, not empty), as the clean-up's always do."""
-    ## torch.quantile sorts all the values; the q-quantile needs only about the top (1 - q) of them,
-    ## which topk finds without sorting the rest. The quantile lies `rank` places up the values
-    ## sorted from the smallest, between the value at floor(rank) and the next one up, weighted by
-    ## how far rank lies between them ("linear" interpolation). rank is computed as torch.quantile
-    ## computes it (q rounded to x's dtype, times n - 1, in double precision): computed in float32,
-    ## the last bit of the result would differ for about 1 input in 6.
+    """x.quantile(q, dim) for a high q (0.9, 0.99) and an x without NaN: torch.quantile sorts all
+    the values, topk finds the top (1 - q) only."""
+    ## The quantile lies `rank` places up the sorted values, interpolated linearly between the
+    ## two around it; rank is computed exactly as torch.quantile does (q in x's dtype, in double).
     n = x.shape[dim]
     rank = float(torch.tensor(q, dtype=x.dtype)) * (n - 1)
     below = int(rank)

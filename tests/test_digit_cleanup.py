@@ -379,7 +379,7 @@ def test_faint_pixels_join_the_digit_only_where_they_continue_clear_ink():
     ink[20:24, 26:50] = 1.0  # the bar, two pixels away from the stem...
     ink[21:23, 24:26] = 0.45  # ...joined to it by faint pixels
     ink[40:46, 60:66] = 0.45  # a faint smudge on its own
-    mask = digit_cleanup.digit_mask(ink)
+    mask = digit_cleanup.keep_digit(digit_cleanup.ink_mask(ink))
     assert digit_cleanup.components(mask).max() == 1  # one digit: the bar stays attached
     assert mask[21:23, 24:26].all() and mask[20:24, 26:50].all()
     assert not mask[40:46, 60:66].any()
@@ -718,25 +718,6 @@ def test_a_very_wide_mark_is_not_taken_for_a_digit():
     assert warning is not None and "wider than any digit" in warning
 
 
-def test_the_clean_up_runs_on_one_thread_and_gives_the_setting_back():
-    seen = []
-    real = digit_cleanup.ink_map
-
-    def spy(*args):
-        seen.append(torch.get_num_threads())
-        return real(*args)
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(digit_cleanup, "ink_map", spy)
-            digit_of(to_gray(digit_picture(3)))
-        assert seen and set(seen) == {1} and torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
-
-
 def flood_fill_regions(mask):
     """The 8-connected regions of a small mask, found the slow, obvious way: sets of pixels."""
     todo, regions = {(r, c) for r, c in mask.nonzero().tolist()}, []
@@ -808,15 +789,6 @@ def test_top_quantile_gives_the_numbers_torch_quantile_gives_to_the_last_bit():
             x = (x * 4).round() / 4  # many equal values
         q, dim = [0.9, 0.99, 0.5, 1.0, 0.0][i % 5], i % len(shape)
         assert digit_cleanup.top_quantile(x, q, dim).equal(x.quantile(q, dim=dim)), (shape, q, dim)
-
-
-def test_cell_max_gives_the_numbers_adaptive_max_pool2d_gives():
-    g = torch.Generator().manual_seed(1)
-    for shape, size in [((1, 1), (1, 1)), ((7, 5), (7, 5)), ((9, 13), (4, 4)), ((33, 17), (7, 5)),
-                        ((100, 37), (80, 30)), ((1080, 998), (480, 444)), ((50, 3), (80, 2))]:
-        x = torch.randn(shape, generator=g)
-        expected = F.adaptive_max_pool2d(x[None, None], size)[0, 0]
-        assert digit_cleanup.cell_max(x, size).equal(expected), (shape, size)
 
 
 @pytest.mark.parametrize("noise", [0.0, 0.001, 0.01, 0.015, 0.02, 0.05, 0.2])
