@@ -94,8 +94,7 @@ def file_path(text: str) -> Path:
 
 
 def check_outputs(files: dict[str, Path], log_flag: str, log_dir: str | None) -> None:
-    """Refuse (UsageError), before any work, files that cannot be written where they are to go,
-    and a log folder that is one of them. `files`: {what the message calls it: path}."""
+    """Refuse (UsageError) `files` ({what messages call it: path}) not writable; log_dir too."""
     same = [os.path.abspath(p).casefold() for p in files.values()]  # m.CSV is m.csv on Windows
     if len(set(same)) < len(same):  # --save-path m.csv: the metrics would be written over it
         what, path = next(iter(files.items()))
@@ -258,8 +257,7 @@ class RunFiles:
             **{name: thing.state_dict() for name, thing in self.objects.items() if thing}}
 
     def restore(self) -> tuple[float, int, dict | None, list]:
-        """With --resume, put the saved state back; return the best accuracy, its epoch and
-        weights, and the history of the epochs trained (without --resume: none yet)."""
+        """--resume: put the saved state back; return the best accuracy, epoch, weights, history."""
         if not self.resumed:
             return -1.0, 0, None, []
         state = self.resumed["training"]
@@ -435,8 +433,7 @@ def stopped(err: BaseException, on_disk: str, quiet_pipe: bool = False) -> int:
         if not (quiet_pipe and "closed" in why):  # `| head` has its lines: a quiet end
             print(f"{'error' if quiet_pipe else 'stopped'}: {why}. {on_disk}".rstrip(),
                   file=sys.stderr)
-        ## Python's recipe (the signal module's "Note on SIGPIPE"): stdout to the null device,
-        ## so that the flush at exit does not fail again.
+        ## The signal module's "Note on SIGPIPE": stdout to /dev/null, so exit's flush cannot fail
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 1
 
