@@ -150,9 +150,8 @@ def expand_patterns(paths: list[Path]) -> list[Path]:
 
 
 def new_names(paths: list[Path], folder: Path | None) -> dict[Path, str]:
-    """{path: the stem of what is written about it into `folder`}: its own, or stem-2, -3...,
-    never one of `paths` nor used twice, compared without case (as Windows and macOS do)."""
-    taken, names = {os.path.realpath(p).casefold() for p in paths}, {}
+    """{path: the stem of its file in `folder`}: its own, or stem-2, -3..., never one of `paths`."""
+    taken, names = {os.path.realpath(p).casefold() for p in paths}, {}  # as Windows, macOS compare
     for path in paths:
         name, n = path.stem, 1
         while (real := os.path.realpath(Path(folder or ".", name + ".png")).casefold()) in taken:
@@ -229,8 +228,7 @@ class RunFiles:
                   + (f", with its {' and '.join(extras)}" if extras else ""))
 
     def earlier_files(self) -> dict[Path, Path]:
-        """{an earlier run's file: its stamped name}; none for a dry run's, which a dry run
-        replaces (they hold no training state)."""
+        """{an earlier run's file: its stamped name}; a dry run's are replaced by a dry run."""
         mine = [p for p in (self.checkpoint, self.csv, self.mistakes) if p.exists()]
         with contextlib.suppress(common.CheckpointError):  # a damaged file is kept, as any
             if not mine or self.dry_run and mine[0] == self.checkpoint and (
@@ -413,8 +411,7 @@ def stop_signals(hold: bool = False):
 
 
 def stopped(err: BaseException, on_disk: str, quiet_pipe: bool = False) -> int:
-    """End a script stopped by Ctrl-C, `kill` or a failed stdout (any other error is raised
-    again) with one line that says what is `on_disk`; return its exit code."""
+    """End a script stopped by Ctrl-C, `kill` or a failed stdout with one line; return its code."""
     if isinstance(err, KeyboardInterrupt):
         print(f"\ninterrupted: stopped. {on_disk}".rstrip(), file=sys.stderr)
         return 130
