@@ -94,7 +94,7 @@ def file_path(text: str) -> Path:
 
 
 def check_outputs(files: dict[str, Path], log_flag: str, log_dir: str | None) -> None:
-    """Refuse (UsageError) `files` ({what messages call it: path}) not writable; log_dir too."""
+    """Refuse (UsageError) unwritable `files` ({what messages call it: path}) and a bad log_dir."""
     same = [os.path.abspath(p).casefold() for p in files.values()]  # m.CSV is m.csv on Windows
     if len(set(same)) < len(same):  # --save-path m.csv: the metrics would be written over it
         what, path = next(iter(files.items()))
