@@ -95,10 +95,9 @@ def confusion_matrix(guesses: torch.Tensor, truth: torch.Tensor, classes: int = 
     return torch.bincount(truth * classes + guesses, minlength=classes**2).view(classes, classes)
 
 
-def format_confusion_matrix(counts: torch.Tensor, names: list[str] | None = None) -> str:
+def format_confusion_matrix(counts: torch.Tensor, names: list[str]) -> str:
     """The matrix as a table, with each class's accuracy and the most frequent confusions."""
     classes = len(counts)
-    names = names or [str(c) for c in range(classes)]
     kind = "digit" if names == DIGITS else "class"
     lines = [f"confusion matrix of the best model on the test set (rows: true {kind}, columns: "
              f"predicted {kind})"]
@@ -146,12 +145,15 @@ def write_grid(path: Path, tiles: list[Image.Image], columns: int = 8, gap: int 
 def did_not_learn(best_acc: float, classes: int, lr: float, optimizer: str,
                   train_losses: list[float], clip_grad: float | None = None) -> str:
     """The warning for a run that stayed near chance, with what to check, in order."""
-    ## Which way is the rate off? Too high, steps overshoot and the loss climbs far above where an
-    ## untrained model starts, ln(classes); else a rate out of the optimizer's usual range is.
+    ## Too high a rate overshoots: the loss climbs far above an untrained model's, ln(classes).
     start, worst = math.log(classes), max(train_losses)
     low, high, usual = {"adam": (1e-4, 1e-2, "Adam's usual 1e-4 to 1e-2"),
                         "sgd": (1e-3, 1e-1, "SGD's usual 1e-3 to 1e-1")}[optimizer]
-    if worst > 2 * start:
+    ## Clipping shrinks SGD's steps with the gradients; Adam divides each gradient by its own
+    ## running size, so its steps shrink only where the clipped gradients near its eps (1e-8).
+    if clip_grad is not None and clip_grad < (1e-3 if optimizer == "sgd" else 1e-6):
+        rate = f"--clip-grad {clip_grad:g} is so small that every step is nearly 0: try 1.0"
+    elif worst > 2 * start:
         rate = (f"the training loss reached {worst:.4g}, where an untrained model has ln({classes})"
                 f" = {start:.2f}: --lr {lr:g} is too high, try --lr {lr / 10:g}")
     elif not low <= lr <= high:
@@ -160,10 +162,6 @@ def did_not_learn(best_acc: float, classes: int, lr: float, optimizer: str,
     else:
         rate = (f"--lr {lr:g}: if the loss jumped, try --lr {lr / 10:g}; if it barely fell, "
                 f"--lr {lr * 10:g}")
-    ## Clipping shrinks SGD's steps with the gradients; Adam divides each gradient by its own
-    ## running size, so its steps shrink only where the clipped gradients near its eps (1e-8).
-    if clip_grad is not None and clip_grad < (1e-3 if optimizer == "sgd" else 1e-6):
-        rate = f"--clip-grad {clip_grad:g} is so small that every step is nearly 0: try 1.0"
     return (f"warning: the best validation accuracy, {best_acc:.4f}, is near chance "
             f"({1 / classes:.2f} for {classes} classes): the model did not learn. Check, in this "
             f"order: the learning rate ({rate}); the labels (the sanity report shows their "

@@ -1,9 +1,7 @@
 """What keeps the scripts working in real use, out of the lesson's way; each piece is one call.
 
-Command lines that refuse what cannot work before any work; output paths checked first; an
-earlier run's files never replaced; --resume; Ctrl-C, `kill` and a closed output ending a
-script with one line; torchrun; the rules of platforms. Scripts import it, it imports common.py,
-never the reverse, and it knows no script's flags or files: the scripts hand them over.
+Scripts import it, it imports common.py, never the reverse, and it knows no script's flags or
+files: the scripts hand them over.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -40,8 +39,7 @@ class UsageError(Exception):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser with each real default in --help, no silent abbreviations (--epoch for
-    --epochs), and "did you mean --epochs?" for a flag it does not know."""
+    """argparse's parser: real defaults in --help, no silent abbreviations, "did you mean ...?"."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(formatter_class=HelpFormatter, allow_abbrev=False, **kwargs)
@@ -96,8 +94,7 @@ def file_path(text: str) -> Path:
 
 
 def check_outputs(files: dict[str, Path], log_flag: str, log_dir: str | None) -> None:
-    """Refuse (UsageError), before any work, files that cannot be written where they are to go,
-    and a log folder that is one of them. `files`: {what the message calls it: path}."""
+    """Refuse (UsageError) unwritable `files` ({what messages call it: path}) and a bad log_dir."""
     same = [os.path.abspath(p).casefold() for p in files.values()]  # m.CSV is m.csv on Windows
     if len(set(same)) < len(same):  # --save-path m.csv: the metrics would be written over it
         what, path = next(iter(files.items()))
@@ -142,8 +139,7 @@ def check_output_dir(folder: str | Path) -> str | None:
 
 
 def expand_patterns(paths: list[Path]) -> list[Path]:
-    """The paths, with patterns such as photos/*.jpg expanded where no shell did it (bash and
-    zsh expand them; Windows' cmd and PowerShell pass them on)."""
+    """The paths, with patterns such as photos/*.jpg expanded where no shell did (Windows' cmd)."""
     found = []
     for path in paths:
         if os.path.exists(path) or not any(c in str(path) for c in "*?["):
@@ -154,9 +150,8 @@ def expand_patterns(paths: list[Path]) -> list[Path]:
 
 
 def new_names(paths: list[Path], folder: Path | None) -> dict[Path, str]:
-    """{path: the stem of what is written about it into `folder`}: its own, or stem-2, -3...,
-    never one of `paths` nor used twice, compared without case (as Windows and macOS do)."""
-    taken, names = {os.path.realpath(p).casefold() for p in paths}, {}
+    """{path: the stem of its file in `folder`}: its own, or stem-2, -3..., never one of `paths`."""
+    taken, names = {os.path.realpath(p).casefold() for p in paths}, {}  # as Windows, macOS compare
     for path in paths:
         name, n = path.stem, 1
         while (real := os.path.realpath(Path(folder or ".", name + ".png")).casefold()) in taken:
@@ -177,8 +172,7 @@ def say(line: str, stream=None) -> None:
 
 
 def failure(err: Exception, expected: type, debug: bool, prefix: str) -> str:
-    """Say what went wrong with one item of a batch, after `prefix`, and return it: an `expected`
-    error's own words, or a bug's type and first line (and, with `debug`, its traceback)."""
+    """Say what went wrong with one item of a batch, after `prefix`, and return it."""
     if debug and not isinstance(err, expected):
         traceback.print_exc()
     problem = str(err) if isinstance(err, expected) else (
@@ -192,11 +186,9 @@ def failure(err: Exception, expected: type, debug: bool, prefix: str) -> str:
 
 
 class RunFiles:
-    """A run's files: the checkpoint (its best model, and its last epoch's training state for
-    --resume), the metrics (.csv) and the test set's mistakes (_mistakes.png). A new run never
-    writes over an earlier one's: at its first save it renames them, stamped with the time they
-    were written (mnist_mlp.2026-12-01_10-05-33.pt), so the newest model is where predict.py looks.
-    """
+    """A run's checkpoint (best model; last epoch's state for --resume), .csv and _mistakes.png.
+    An earlier run's are kept, renamed (mnist_mlp.2026-12-01_10-05-33.pt: the time they were
+    written), so the newest model is where predict.py looks."""
 
     def __init__(self, checkpoint: Path, dry_run: bool = False) -> None:
         self.checkpoint, self.dry_run = checkpoint, dry_run
@@ -236,8 +228,7 @@ class RunFiles:
                   + (f", with its {' and '.join(extras)}" if extras else ""))
 
     def earlier_files(self) -> dict[Path, Path]:
-        """{an earlier run's file: its new, stamped name}, for the files there are; none for a
-        dry run's files (they hold no training state), which a dry run replaces."""
+        """{an earlier run's file: its stamped name}; a dry run's are replaced by a dry run."""
         mine = [p for p in (self.checkpoint, self.csv, self.mistakes) if p.exists()]
         with contextlib.suppress(common.CheckpointError):  # a damaged file is kept, as any
             if not mine or self.dry_run and mine[0] == self.checkpoint and (
@@ -253,8 +244,7 @@ class RunFiles:
                                          (new.checkpoint, new.csv, new.mistakes)) if old in mine}
 
     def track(self, settings: list[str], **objects) -> None:
-        """What --resume saves and puts back: the run's settings as command-line words, and the
-        objects with a state_dict() (the model, the optimizer...; None for none)."""
+        """What --resume saves: the settings as command-line words, and objects' state_dict()."""
         self.settings, self.objects = settings, objects
 
     def training_state(self, epoch: int, history: list) -> dict | None:
@@ -265,8 +255,7 @@ class RunFiles:
             **{name: thing.state_dict() for name, thing in self.objects.items() if thing}}
 
     def restore(self) -> tuple[float, int, dict | None, list]:
-        """With --resume, put the saved state back; return the best accuracy, its epoch and
-        weights, and the history of the epochs trained (without --resume: none yet)."""
+        """--resume: put the saved state back; return the best accuracy, epoch, weights, history."""
         if not self.resumed:
             return -1.0, 0, None, []
         state = self.resumed["training"]
@@ -313,9 +302,8 @@ def as_words(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
 def load_training_state(run: RunFiles, args: argparse.Namespace, parser: argparse.ArgumentParser,
                         argv: list[str] | None, names: tuple[str, ...],
                         may_change: tuple[str, ...] = ()) -> argparse.Namespace:
-    """For --resume: read the run's checkpoint into run.resumed, and take the run's settings
-    (`names`) into `args`; those given on the command line must match, except `may_change`.
-    Returns the run's own settings."""
+    """--resume: read run.checkpoint into run.resumed and its settings (`names`) into `args`, which
+    must match those typed, except `may_change`; return the saved settings."""
     if not run.checkpoint.exists():
         raise UsageError(f"--resume: there is no run to resume at {run.checkpoint}: it saved no "
                          "epoch yet (start it again without --resume), or it was started with "
@@ -354,8 +342,7 @@ def load_training_state(run: RunFiles, args: argparse.Namespace, parser: argpars
 
 
 def command_to_go_on(script: str, argv: list[str] | None, flag: str) -> str:
-    """The command that started this script, with `flag` added, quoted for this system's shell
-    (and under torchrun, started as many times again)."""
+    """The command that started this script (torchrun's too), `flag` added, quoted for the shell."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     words = (["python"] if world == 1 else ["torchrun", f"--nproc_per_node={world}"]) + [
         script, *[w for w in (sys.argv[1:] if argv is None else argv) if w != flag], flag]
@@ -363,14 +350,11 @@ def command_to_go_on(script: str, argv: list[str] | None, flag: str) -> str:
 
 
 def download_mnist(data_dir: str | Path, dataset: str) -> None:
-    """Fetch DATA_DIR/<dataset>/raw/'s files with torchvision if any is missing (as on a first
-    run); a failure is one common.DataError that says what to do."""
+    """Fetch <data_dir>/<dataset>/raw/ with torchvision if a file is missing; failing: DataError."""
     raw = (data_dir := Path(data_dir)) / dataset / "raw"
     if all((raw / f"{split}-{kind}-ubyte").exists() for split in ("train", "t10k")
            for kind in ("images-idx3", "labels-idx1")):
         return
-    import socket
-
     from torchvision import datasets  # only now: its import alone takes seconds
 
     for folder in (data_dir / "raw", data_dir):  # data_dir named MNIST/raw or MNIST itself?
@@ -426,34 +410,27 @@ def stop_signals(hold: bool = False):
         raise KeyboardInterrupt
 
 
-def output_failure(err: OSError) -> str | None:
-    """Why writing to stdout failed, when `err` says it did; None for any other OSError."""
+def stopped(err: BaseException, on_disk: str, quiet_pipe: bool = False) -> int:
+    """End a script stopped by Ctrl-C, `kill` or a failed stdout with one line; return its code."""
+    if isinstance(err, KeyboardInterrupt):
+        print(f"\ninterrupted: stopped. {on_disk}".rstrip(), file=sys.stderr)
+        return 130
     ## A closed pipe (`| head`) is BrokenPipeError, or on Windows an EINVAL that carries neither
     ## a Windows error code nor a file name (CPython issue #79935). A full disk under
     ## `> log.txt` names no file either: the files this repo writes fail as OutputErrors.
     if isinstance(err, BrokenPipeError) or (
             sys.platform == "win32" and err.errno == errno.EINVAL
             and getattr(err, "winerror", None) is None and err.filename is None):
-        return "the program reading the output closed it"
-    if err.filename is None and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", None)):
-        return f"the output could not be written ({err.strerror})"
-    return None
-
-
-def stopped(err: BaseException, on_disk: str, quiet_pipe: bool = False) -> int:
-    """End a script stopped by Ctrl-C, `kill` or a failed output (any other error is raised
-    again) with one line that says what is `on_disk`; return its exit code."""
-    if isinstance(err, KeyboardInterrupt):
-        print(f"\ninterrupted: stopped. {on_disk}".rstrip(), file=sys.stderr)
-        return 130
-    if (why := output_failure(err)) is None:
+        why = "the program reading the output closed it"
+    elif err.filename is None and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", None)):
+        why = f"the output could not be written ({err.strerror})"
+    else:
         raise err
     with contextlib.suppress(OSError):
         if not (quiet_pipe and "closed" in why):  # `| head` has its lines: a quiet end
             print(f"{'error' if quiet_pipe else 'stopped'}: {why}. {on_disk}".rstrip(),
                   file=sys.stderr)
-        ## Python's recipe (the signal module's "Note on SIGPIPE"): stdout to the null device,
-        ## so that the flush at exit does not fail again.
+        ## The signal module's "Note on SIGPIPE": stdout to /dev/null, so exit's flush cannot fail
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 1
 
@@ -464,9 +441,7 @@ def run_script(main: Callable[[], int]) -> None:
     for stream in (sys.stdout, sys.stderr):  # Windows' cp1252: a letter it lacks prints as \xe9
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(errors="backslashreplace")
-    ## What the imports made (over a hundred thousand objects) lives until the end:
-    ## out of the garbage collector's sight, it is not scanned again at each collection and exit.
-    gc.freeze()
+    gc.freeze()  # what the imports made is never scanned by the collector again (docs/speed.md)
     try:
         with stop_signals():
             code = main()
@@ -479,9 +454,7 @@ def run_script(main: Callable[[], int]) -> None:
 
 # torchrun -------------------------------------------------------------------------------------
 ## `torchrun --nproc_per_node=N script.py` starts N copies of the script, "ranks" 0..N-1, which
-## find their numbers in environment variables. Each rank holds a copy of the model and trains
-## on its share of every batch; DistributedDataParallel (DDP) averages the gradients of all
-## ranks in backward(), so that all copies take the same step.
+## find their numbers in environment variables; each trains on its share of every batch.
 
 
 def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
@@ -499,17 +472,15 @@ def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
                              f"{count} GPU(s): give torchrun --nproc_per_node={count} (at most "
                              "one process per GPU), or --device cpu")
         torch.cuda.set_device(device := torch.device("cuda", local_rank))
-    ## NCCL moves tensors from GPU to GPU; gloo works on CPU tensors. Windows has no NCCL, and
-    ## its PyTorch lacks libuv, which gloo asks for unless USE_LIBUV=0 (pytorch/pytorch#139990).
-    if sys.platform == "win32":
+    if sys.platform == "win32":  # PyTorch there lacks libuv, which gloo wants (docs/distributed.md)
         os.environ.setdefault("USE_LIBUV", "0")
     ## Imported before the group exists: its functions take the group as a default argument.
     ## Imported later (the optimizer does), they keep it alive, and its threads abort the exit.
     import torch.distributed.nn as _  # noqa: F401
 
     dist = torch.distributed
-    dist.init_process_group("nccl" if device.type == "cuda" and sys.platform != "win32" else
-                            "gloo")
+    ## NCCL moves tensors from GPU to GPU (Windows has no NCCL); gloo works on CPU tensors.
+    dist.init_process_group("nccl" if device.type == "cuda" and sys.platform != "win32" else "gloo")
     return dist.get_rank(), dist.get_world_size(), device
 
 
@@ -523,8 +494,7 @@ def is_main_process() -> bool:
 
 
 def ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """`model` in DistributedDataParallel: backward() then averages the gradients of all ranks,
-    so that each step sees world x --batch-size pictures (docs/distributed.md)."""
+    """`model` in DistributedDataParallel (DDP): a step sees world x --batch-size pictures."""
     return torch.nn.parallel.DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None)
 
@@ -575,9 +545,7 @@ def amp_dtype(choice: str | None, device: torch.device) -> torch.dtype | None:
 
 def set_maths(device: torch.device, deterministic: bool) -> None:
     """Faster maths where no result that matters changes, and --deterministic's rules."""
-    ## Float32 numbers below about 1e-38 ("denormals") are slow on many CPUs, and Adam's
-    ## averages for a ReLU unit that never fires end up there: flushed to 0 (docs/speed.md).
-    torch.set_flush_denormal(True)
+    torch.set_flush_denormal(True)  # float32 below 1e-38, slow on many CPUs, as 0 (docs/speed.md)
     if device.type == "cuda":  # TF32: float32 matmuls on tensor cores, with a shorter mantissa
         torch.set_float32_matmul_precision("high")
     if deterministic:  # GPUs: forbid the kernels whose sums vary from run to run
@@ -587,8 +555,7 @@ def set_maths(device: torch.device, deterministic: bool) -> None:
 
 
 def compile_problem(device: torch.device) -> str | None:
-    """Why torch.compile cannot work here (it compiles new code: C++ on the CPU, Triton kernels
-    on NVIDIA GPUs), found before any work rather than at the first batch; None if it can."""
+    """Why torch.compile (it writes C++ on the CPU, Triton on NVIDIA GPUs) cannot work, or None."""
     if device.type == "cuda" and importlib.util.find_spec("triton") is None:
         return "it needs Triton for NVIDIA GPUs, which is not installed (Windows wheels lack it)"
     ## The compiler torch.compile calls: cl.exe on Windows, else CXX if set, else g++ or clang++

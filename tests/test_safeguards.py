@@ -79,17 +79,24 @@ def test_a_closed_or_full_output_ends_a_script_with_code_1_and_no_traceback(
         1, said)
 
 
+def raised_again(err: OSError) -> bool:
+    """Whether stopped() takes `err` for no failure of stdout, and raises it again."""
+    with pytest.raises(OSError) as raised:
+        safeguards.stopped(err, "")
+    return raised.value is err
+
+
 def test_only_stdout_s_own_failures_are_taken_for_them(monkeypatch):
     einval = OSError(errno.EINVAL, "Invalid argument")
     monkeypatch.setattr(sys, "platform", "linux")
-    assert safeguards.output_failure(einval) is None  # on Linux, EINVAL is something else
+    assert raised_again(einval)  # on Linux, EINVAL is something else
     monkeypatch.setattr(sys, "platform", "win32")
-    assert safeguards.output_failure(OSError(errno.EINVAL, "Invalid argument", "a:b.pt")) is None
+    assert raised_again(OSError(errno.EINVAL, "Invalid argument", "a:b.pt"))
     windows_error = OSError(errno.EINVAL, "The paging file is too small")
     windows_error.winerror = 1455  # Python's EINVAL for a Windows error it has no errno for
-    assert safeguards.output_failure(windows_error) is None
-    assert safeguards.output_failure(OSError(errno.ENOSPC, "No space left", "ck.pt")) is None
-    assert safeguards.output_failure(OSError(errno.EACCES, "Permission denied")) is None
+    assert raised_again(windows_error)
+    assert raised_again(OSError(errno.ENOSPC, "No space left", "ck.pt"))
+    assert raised_again(OSError(errno.EACCES, "Permission denied"))
     with pytest.raises(PermissionError):  # anything else is a bug: its traceback shows
         safeguards.run_script(lambda: (_ for _ in ()).throw(PermissionError(13, "denied")))
     gc.unfreeze()
