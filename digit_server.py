@@ -229,11 +229,10 @@ def run(host: str, port: int, answer: Callable[[bytes], dict], about: dict,
     """make_server(), then serve() until Ctrl-C; a port or host that fails is one line, code 2."""
     try:
         server = make_server(host, port, answer, about, debug)
-    except FileNotFoundError as err:  # the page
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     except OSError as err:
-        if err.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
+        if isinstance(err, FileNotFoundError):  # the page
+            print(f"error: {err}", file=sys.stderr)
+        elif err.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
             print(f"error: port {port} on {host} is already in use, by another program or another "
                   "server of this page: pass --port with another number, such as "
                   f"--port {port + 1 if port < 65535 else 8001}", file=sys.stderr)
