@@ -5,12 +5,10 @@
         inputs, targets = augmentation.augment(inputs, targets, styles=True)  # digits only
         ...  # the training step, as before
 
-augment() tilts, scales and shifts every digit of a batch, each its own way, and thickens or
-thins two in three. styles=True first draws strokes that MNIST's writers rarely used (a flag on
-a 1, a bar on a 7, a tail turned left on a 9): leave it off for data whose 1, 7 and 9 are not
-digits. For a DataLoader that loads one sample at a time, pass collate_fn=functools.partial(
-augmentation.collate_and_augment, styles=True): a partial, unlike a lambda, reaches worker
-processes. Augment the training batches only. It needs only torch: copy it into your project.
+augment() tilts, scales, shifts, thickens or thins each digit its own way; styles=True also
+draws strokes that MNIST's writers rarely used. For a DataLoader that loads one sample at a time,
+pass collate_fn=functools.partial(augmentation.collate_and_augment, styles=True): a partial,
+unlike a lambda, reaches worker processes. Augment the training batches only. Needs only torch.
 """
 
 import math
@@ -24,10 +22,9 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
             styles: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Randomly tilt, scale, shift, and thicken or thin the digits of a normalised batch; with
     styles=True (digits only), add_writing_styles() first marks some 1s, 7s and 9s."""
-    ## Digits in people's pictures lean, sit off-centre after cropping, and come from thinner or
-    ## thicker pens than MNIST's: training on such variations makes the model robust to them.
-    ## (images, labels) in and out, like torchvision's v2.MixUp and v2.CutMix, but it needs the
-    ## labels as class indices: run it before those two, which turn them into mixtures.
+    ## People's digits lean, sit off-centre and come from other pens than MNIST's: training on
+    ## such variations makes the model robust to them. (images, labels) in and out, like
+    ## torchvision's v2.MixUp and v2.CutMix: run it before those, which make the labels mixtures.
     if images.dim() != 4 or not images.is_floating_point():
         raise ValueError(f"augment() takes a float batch of shape [N, C, H, W], not "
                          f"{images.dtype} of shape {list(images.shape)}")
@@ -35,8 +32,8 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
         images = add_writing_styles(images, labels)
     n, device, dtype = images.shape[0], images.device, images.dtype
 
-    def uniform(limit):  # n random numbers in [-limit, limit], of the images' own dtype
-        return (torch.rand(n, device=device, dtype=dtype) * 2 - 1) * limit
+    def uniform(limit):  # n random numbers in [-limit, limit], of the images' dtype: n x 1 x 1
+        return ((torch.rand(n, device=device, dtype=dtype) * 2 - 1) * limit).view(-1, 1, 1)
 
     angle, scale = uniform(math.radians(10)), 1 + uniform(0.1)
     ## The grid says, for every output pixel, where in the input to read it from; grid_sample()
@@ -50,10 +47,9 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
 
     x, y = centres(width).view(1, 1, width), centres(height).view(1, height, 1)
     ## Each image's rotation [[cos, -sin], [sin, cos]], divided by its scale, then its shift,
-    ## shaped n x 1 x 1 to broadcast over x (1 x 1 x W) and y (1 x H x 1). The grid maps output
-    ## to input, so a scale above 1 reads from nearer the centre: it enlarges the digit.
-    cos, sin = (torch.cos(angle) / scale).view(-1, 1, 1), (torch.sin(angle) / scale).view(-1, 1, 1)
-    shift_x, shift_y = shift_x.view(-1, 1, 1), shift_y.view(-1, 1, 1)
+    ## n x 1 x 1 to broadcast over x (1 x 1 x W) and y (1 x H x 1). The grid maps output to
+    ## input, so a scale above 1 reads from nearer the centre: it enlarges the digit.
+    cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
     ## grid[..., 0] is the x to read from, grid[..., 1] the y. F.affine_grid() makes the same grid
     ## from the 2 x 3 matrices [[cos, -sin, shift_x], [sin, cos, shift_y]], but slower on a CPU.
     grid = torch.stack([x * cos - y * sin + shift_x, x * sin + y * cos + shift_y], 3)  # n,H,W,2
@@ -76,8 +72,7 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
 
 def neighbourhood_max(images: torch.Tensor) -> torch.Tensor:
     """Each pixel's brightest value among itself and its 8 neighbours, as F.max_pool2d(images, 3,
-    stride=1, padding=1) gives but faster on a CPU for small pictures: the maximum of 3 pixels
-    side by side, then of 3 such results one above the other."""
+    stride=1, padding=1) gives but faster on a CPU for small pictures."""
     padded = F.pad(images, (1, 1, 1, 1), value=-math.inf)  # edge pixels meet real ones only
     side = torch.maximum(torch.maximum(padded[..., :-2], padded[..., 1:-1]), padded[..., 2:])
     return torch.maximum(torch.maximum(side[..., :-2, :], side[..., 1:-1, :]), side[..., 2:, :])
@@ -86,10 +81,9 @@ def neighbourhood_max(images: torch.Tensor) -> torch.Tensor:
 def add_writing_styles(images: torch.Tensor, labels: torch.Tensor, p: float = 0.3) -> torch.Tensor:
     """Give some 1s a flag (half of those a foot too), some 7s a bar, some 9s a tail turned left.
     Square pictures, light ink on dark; labels are class indices, on the images' device."""
-    ## MNIST's writers were American. Much of the world writes 1 with a flag and often a foot,
-    ## crosses its 7 so that it is not read as that 1, and turns the 9's tail left: a model that
-    ## never saw those reads a flagged 1 as 7. p is the chance that a 1, 7 or 9 gets its stroke:
-    ## low, so that about 1 image in 10 changes and MNIST's test accuracy stays within seed noise.
+    ## MNIST's writers were American; much of the world flags its 1 (often with a foot), crosses
+    ## its 7 and turns the 9's tail left: a model that never saw those reads a flagged 1 as 7.
+    ## p, the chance of a stroke, is low: 1 image in 10 changes, test accuracy within seed noise.
     n, size, device = images.shape[0], images.shape[-1], images.device
     if images.shape[-2] != size:
         raise ValueError(f"the writing styles need square pictures, not {list(images.shape)}")
@@ -99,15 +93,13 @@ def add_writing_styles(images: torch.Tensor, labels: torch.Tensor, p: float = 0.
     ink = ((images - low) / (high - low).clamp_min(1e-6))[:, 0]  # 0 = paper, 1 = ink
     place = torch.arange(size, device=device, dtype=images.dtype)  # row or column numbers
     inked = ink.sum(2) > 0.5  # n x size: rows with at least half a pixel's worth of ink
-    ## The first inked row is the smallest inked row number: where() puts the largest possible
-    ## row in place of every row without ink, so they never win amin().
+    ## Rows without ink become the last row for amin() (the first for amax()): they never win.
     top = torch.where(inked, place, size - 1).amin(1)
     bottom = torch.where(inked, place, 0).amax(1)
     height = (bottom - top).clamp_min(1)
     middle = top + height / 2
-    ## Three rows per digit (top, middle, bottom), and in each the column where its ink is
-    ## centred: the ink-weighted mean of the column numbers. The two index tensors, n x 1 (the
-    ## image) and n x 3 (its rows), broadcast to n x 3 pairs.
+    ## Three rows per digit (top, middle, bottom), and in each the ink-weighted mean column,
+    ## where its ink is centred. Indices n x 1 (image) and n x 3 (rows) broadcast to n x 3 pairs.
     which = torch.stack([top, middle, bottom], 1).round().long().clamp(0, size - 1)  # n x 3
     picked = ink[torch.arange(n, device=device).view(-1, 1), which]  # n x 3 x size
     x_top, x_mid, x_bottom = ((picked * place).sum(2) / picked.sum(2).clamp_min(1e-6)).unbind(1)
@@ -137,17 +129,15 @@ def add_writing_styles(images: torch.Tensor, labels: torch.Tensor, p: float = 0.
     strokes = strokes * chosen[on].view(-1, 1, 1)  # nothing for the digits not chosen
     ## Paint the strokes in the picture's own ink colour, where they are brighter than it.
     images = images.clone()  # the caller's batch stays as it was
-    in_ink = low[on] + strokes[:, None] * (high - low)[on]
-    images[on] = torch.maximum(images[on], in_ink)
+    images[on] = torch.maximum(images[on], low[on] + strokes[:, None] * (high - low)[on])
     return images
 
 
 def images_to_draw_on(chosen: torch.Tensor) -> torch.Tensor | slice:
     """Which images to draw strokes on: the chosen ones on a CPU, all of them on a GPU."""
-    ## Drawing is most of add_writing_styles()'s work, so a CPU draws only the chosen (about 1
-    ## in 10). A GPU draws all, then masks: picking them out would make the CPU wait for the GPU
-    ## at every batch, as only the GPU knows how many there are. (nonzero(): k x 1; [:, 0]: k.)
-    return chosen.nonzero()[:, 0] if chosen.device.type == "cpu" else slice(None)
+    ## Drawing is most of the work: a CPU draws only the chosen (about 1 in 10). A GPU draws all,
+    ## then masks: picking them out would make the CPU wait for the GPU, which alone knows how many.
+    return chosen.nonzero()[:, 0] if chosen.device.type == "cpu" else slice(None)  # nonzero: k x 1
 
 
 def draw_line(x0, y0, x1, y1, width: torch.Tensor, size: int) -> torch.Tensor:

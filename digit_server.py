@@ -3,9 +3,8 @@
     python predict.py --serve                 # then open http://127.0.0.1:8000/
     python predict.py --serve --port 8080 --checkpoint checkpoints/mnist_cnn.pt
 
-The page, draw_a_digit.html (nothing from the internet), POSTs each drawing or photo to /predict
-as the bytes of a picture file; this module (on the standard library's http.server) hands them to
-predict.py's function, which runs what `python predict.py my_digit.png` runs, and sends its JSON.
+The page, draw_a_digit.html (nothing from the internet), POSTs each drawing or photo to /predict;
+this module (on http.server) answers in JSON what `python predict.py my_digit.png` would answer.
 
 The server is a door into your machine, so it opens little: it listens on 127.0.0.1 unless told
 otherwise, serves the page and nothing else from disk, answers only requests addressed to it by
@@ -115,21 +114,20 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
         def read_body(self, size: int) -> bytes | None:
             """The body (shorter if the client closed early), or None if it is not all in within
             `timeout` s: else a client sending a byte now and then would hold its slot for ever."""
-            deadline, chunks, left = time.monotonic() + self.timeout, [], size
-            while left > 0:
+            deadline, body = time.monotonic() + self.timeout, bytearray()
+            while len(body) < size:
                 if (remaining := deadline - time.monotonic()) <= 0:
                     return None
                 self.connection.settimeout(remaining)
                 try:
-                    chunk = self.rfile.read1(min(left, 1 << 16))  # what has arrived, up to 64 KB
+                    chunk = self.rfile.read1(min(size - len(body), 1 << 16))  # up to 64 KB
                 except TimeoutError:
                     return None
                 if not chunk:  # the client closed the connection: a short body
                     break
-                chunks.append(chunk)
-                left -= len(chunk)
+                body += chunk
             self.connection.settimeout(self.timeout)  # a full minute again, to send the answer
-            return b"".join(chunks)
+            return bytes(body)
 
         def send_error(self, code: int, message: str | None = None, explain=None) -> None:
             """http.server's own refusals (a garbled request, an unknown method...) as JSON too."""
@@ -182,7 +180,7 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
     class Server(ThreadingHTTPServer):
         request_queue_size = 64  # connections waiting; the default 5 resets some in a burst
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET  # ::1 is IPv6
-        daemon_threads = True  # Ctrl-C does not wait for open connections
+        classifying = one_at_a_time  # serve() waits on it at Ctrl-C
 
         def handle_error(self, request, client_address) -> None:
             ## A browser that goes away before its answer (a reload, a closed tab) breaks the
@@ -190,9 +188,7 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
             if not isinstance(sys.exc_info()[1], ConnectionError):
                 super().handle_error(request, client_address)
 
-    server = Server((host, port), Handler)
-    server.one_at_a_time = one_at_a_time  # serve() waits on it at Ctrl-C
-    return server
+    return Server((host, port), Handler)
 
 
 def host_allowed(header: str, host: str, port: int) -> bool:
@@ -233,11 +229,10 @@ def run(host: str, port: int, answer: Callable[[bytes], dict], about: dict,
     """make_server(), then serve() until Ctrl-C; a port or host that fails is one line, code 2."""
     try:
         server = make_server(host, port, answer, about, debug)
-    except FileNotFoundError as err:  # the page
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     except OSError as err:
-        if err.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
+        if isinstance(err, FileNotFoundError):  # the page
+            print(f"error: {err}", file=sys.stderr)
+        elif err.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
             print(f"error: port {port} on {host} is already in use, by another program or another "
                   "server of this page: pass --port with another number, such as "
                   f"--port {port + 1 if port < 65535 else 8001}", file=sys.stderr)
@@ -266,7 +261,7 @@ def serve(server: ThreadingHTTPServer, host: str) -> None:
         server.serve_forever()
     finally:
         server.server_close()
-        ## Ctrl-C may come mid-picture. Python before 3.14 stops daemon threads at exit wherever
-        ## they are, and one stopped inside torch's C++ code aborts the process ("terminate
-        ## called without an active exception", cpython#87135): wait, and keep the lock for good.
-        server.one_at_a_time.acquire(timeout=30)
+        ## Ctrl-C may come mid-picture. Python before 3.14 stops the daemon threads (one per
+        ## connection) at exit wherever they are: one inside torch's C++ code aborts the process
+        ## ("terminate called without an active exception", cpython#87135). Wait, keep the lock.
+        server.classifying.acquire(timeout=30)

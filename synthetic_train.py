@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--epochs", type=positive(int), default=10, help="passes over the data")
     add("--batch-size", type=positive(int), default=64, help="samples per training step")
     add("--lr", type=positive(float), default=1e-3, help="peak learning rate, after warmup")
-    add("--warmup-epochs", type=float, default=1.0,
-        help="epochs over which the learning rate climbs to --lr")
+    add("--warmup-epochs", type=float, default=1.0, help="epochs in which the rate climbs to --lr")
     add("--clip-grad", type=positive(float), default=1.0, help="max gradient norm")
     add("--samples", type=positive(int), default=8000, help="training samples")
     add("--input-dim", type=positive(int), default=20, help="numbers per sample")
