@@ -1,26 +1,13 @@
 """What the scripts share: seeding, the device, the models, the training loop, checkpoints, and
-MNIST in memory.
-
-    from common import evaluate, get_device, set_seed, train_one_epoch
-
-    generator = set_seed(42)  # give it to DataLoader(..., shuffle=True, generator=generator)
-    device = get_device()     # the GPU (CUDA, ROCm, MPS, XPU) when there is one, else the CPU
-    for epoch in range(1, epochs + 1):
-        train_loss = train_one_epoch(model, train_loader, criterion, optimizer, device, epoch=epoch)
-        val_loss, val_acc = evaluate(model, val_loader, criterion, device)
-
-set_seed, get_device, MLP, CNN, train_one_epoch and evaluate each work pasted alone into a file
-that starts with these imports:
+MNIST in memory; docs/using-common.md shows them in a project of your own. Copy the whole file
+(it imports nothing else of this repo), or paste set_seed, get_device, MLP, CNN, train_one_epoch
+or evaluate alone into a file that starts with these imports:
 
     import math, random
     from collections.abc import Callable, Iterable, Sequence
     import torch
     from torch import nn
-
-The rest leans on its neighbours: copy the whole file (it imports nothing else of this repo).
 """
-
-from __future__ import annotations
 
 import contextlib
 import io
@@ -75,16 +62,14 @@ def get_device(name: str = "auto") -> torch.device:
 # models ---------------------------------------------------------------------------------------
 ## A model is an nn.Module: __init__ creates its layers, whose weights model.parameters() then
 ## finds and model.to(device) moves, and forward() runs them. Each layer starts uniformly
-## within +-1/sqrt(its inputs), which suits small networks (synthetic_train.py picks its own).
-## Both return "logits", one raw score per class: nn.CrossEntropyLoss applies the softmax.
+## within +-1/sqrt(its inputs), which suits small networks.
 
 
 class MLP(nn.Sequential):
     """Fully connected network for 1x28x28 images, 784-128-64-10 by default; returns logits."""
 
     def __init__(self, hidden: Sequence[int] = (128, 64), num_classes: int = 10) -> None:
-        ## nn.Sequential runs its layers in the order added: flatten [1, 28, 28] into 784 numbers,
-        ## then Linear, ReLU, ..., Linear. Saved, the weights are named fc1.weight, fc1.bias, ...
+        ## nn.Sequential runs its layers in the order added; saved, the weights are fc1.weight, ...
         super().__init__()
         self.add_module("flatten", nn.Flatten())
         sizes = [28 * 28, *hidden, num_classes]
@@ -205,9 +190,8 @@ def evaluate(model: nn.Module, loader: Iterable, criterion: nn.Module,
 
 
 # checkpoints ----------------------------------------------------------------------------------
-## A checkpoint stores the weights by layer name (the state_dict), not the pickled model: it
-## loads into the model class defined in code, and weights_only=True reads it without running
-## any code. It also stores what inference needs: the model's name and the normalisation.
+## A checkpoint stores the weights by layer name (the state_dict), not the pickled model, so it
+## loads into the model class in code; with them, what inference needs (model name, mean, std).
 
 
 class CheckpointError(ValueError):
@@ -241,8 +225,7 @@ def save_checkpoint(path: str | Path, model: nn.Module | dict, *, model_name: st
 
 def write_atomically(path: str | Path, data: bytes) -> None:
     """Replace the file `path` by `data`: afterwards it holds the old bytes or the new, whole."""
-    ## A temporary file in the same folder, flushed to disk, then renamed over the target:
-    ## os.replace is atomic, so a crash, Ctrl-C or full disk never leaves half a file.
+    ## A temporary file beside it, flushed to disk, then renamed over it: never half a file.
     real = Path(os.path.realpath(path))  # through a symlink: replace the file it points to
     tmp = temporary_name(real)
     try:
@@ -353,8 +336,7 @@ def load_mnist(data_dir: str | Path, train: bool = True,
                dataset: str = "MNIST") -> tuple[torch.Tensor, torch.Tensor]:
     """The images (uint8, N x 28 x 28) and labels (int64) of MNIST, or of another dataset in its
     format ("FashionMNIST"), from DATA_DIR/<dataset>/raw/ (safeguards.download_mnist fills it)."""
-    ## The IDX format: a short header (a magic number, each dimension's size), then one byte per
-    ## pixel or label. Read here in milliseconds, without torchvision, whose import costs seconds.
+    ## Read here in milliseconds (see read_idx), without torchvision, whose import costs seconds.
     raw = Path(data_dir) / dataset / "raw"
     files = [raw / f"{'train' if train else 't10k'}-{kind}-ubyte"
              for kind in ("images-idx3", "labels-idx1")]
@@ -382,7 +364,7 @@ def check_data(images: torch.Tensor, labels: torch.Tensor, files: list[Path]) ->
 
 
 def read_idx(path: str | Path) -> torch.Tensor:
-    """Read an IDX file of bytes (MNIST's format) into a uint8 tensor of the shape it states."""
+    """Read an IDX file (MNIST's format: a header of sizes, then one byte per value) as uint8."""
     with open(path, "rb") as f:
         magic = f.read(4)  # two zero bytes, 0x08 (unsigned bytes), the number of dimensions
         dims = magic[3] if len(magic) == 4 and magic[:3] == b"\x00\x00\x08" else 0
@@ -402,8 +384,7 @@ def read_idx(path: str | Path) -> torch.Tensor:
 def normalize_images(images: torch.Tensor, mean: float, std: float,
                      device: str | torch.device = "cpu") -> torch.Tensor:
     """Turn uint8 images (N x H x W) into float32 N x 1 x H x W on `device`, standardised."""
-    ## Once for the whole dataset, not once per sample per epoch as ToTensor() and Normalize()
-    ## in a DataLoader. The bytes travel first (4x less than float32), then are converted.
+    ## Once for the whole dataset; the bytes travel first (4x less than float32), then convert.
     return images.to(device).unsqueeze(1).float().div_(255).sub_(mean).div_(std)
 
 
@@ -411,9 +392,8 @@ class TensorLoader:
     """Mini-batches cut from tensors already in memory, used like a DataLoader."""
 
     ## A DataLoader calls dataset[i] once per sample and collates: flexible, but slow for a small
-    ## model. Data that fit in memory, as MNIST does, need one indexing operation per batch.
-    ## Under torchrun each rank takes every world_size-th sample: of the shuffled order padded as
-    ## DistributedSampler pads it (as many batches on every rank), or of the plain one (once each).
+    ## model; data that fit in memory, as MNIST does, need one indexing per batch. Under torchrun
+    ## each rank takes every world_size-th sample (shuffled: padded to as many batches on each).
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int,
                  shuffle: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1,
@@ -438,8 +418,8 @@ class TensorLoader:
         n = len(self.targets)
         order = torch.arange(n)
         if self.shuffle:  # a new order every epoch, the same on every rank; padded by wrapping
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed +
-                                                                              self.epoch))
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(n, generator=generator)
             order = order.repeat(self.world_size)[: -(-n // self.world_size) * self.world_size]
         order = order[self.rank :: self.world_size].to(self.inputs.device)  # one small copy
         self.epoch += 1  # if set_epoch() is never called, the next epoch still reshuffles

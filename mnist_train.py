@@ -13,13 +13,9 @@ What you should see (the MLP, in seconds; the README says how to read each line)
     Test Accuracy: 0.9730 (9730/10000)      # 0.9730 to 0.9748, by CPU and thread count
 
 train() is the lesson: 1. data -> 2. model -> 3. loss -> 4. optimizer -> 5. training loop ->
-6. final test. A validation split, held out from the training pictures, picks the best epoch;
-the test set is used once, at the end, for an honest estimate. Each step's details follow
-train(). What keeps the script working in real use (bad paths, Ctrl-C, --resume, torchrun) is
-in safeguards.py.
+6. final test; each step's details follow it. What keeps the script working in real use (bad
+paths, Ctrl-C, --resume, torchrun) is in safeguards.py.
 """
-
-from __future__ import annotations
 
 import argparse
 import copy
@@ -45,8 +41,8 @@ def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
     rank, world, device = setup(args)  # torchrun's process number and count (0, 1 without it)
 
     # 1. data ----------------------------------------------------------------------------------
-    ## 60,000 training pictures, of which --val-size are held out to pick the best epoch, and
-    ## 10,000 test pictures, used once at the end: uint8 [N, 28, 28] images, labels 0..9.
+    ## 60,000 training pictures (uint8 [N, 28, 28], labels 0..9), --val-size of them held out
+    ## to pick the best epoch; 10,000 test pictures, used once at the end for an honest estimate.
     folder, classes = DATASETS[args.dataset]
     images, labels = common.load_mnist(args.data_dir, train=True, dataset=folder)
     test_images, test_labels = common.load_mnist(args.data_dir, train=False, dataset=folder)
@@ -135,8 +131,7 @@ def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
 # ---------------------------------------------------------------------------------------------
 # The details of each step, in the order train() takes them.
 
-## --dataset: torchvision's folder name (DATA_DIR/<folder>/raw/) and the class names. Swapping
-## them changes the data, its normalisation and the names, and nothing in the model or the loop.
+## --dataset: torchvision's folder (DATA_DIR/<folder>/raw/) and class names; nothing else changes.
 DATASETS = {
     "mnist": ("MNIST", reports.DIGITS),
     "fashion-mnist": ("FashionMNIST", ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -174,8 +169,8 @@ def choose_splits(args: argparse.Namespace, n_train: int, n_test: int,
                          f"set has {n_train} images")
     ## The split depends on --seed alone: every run and rank with it validates on the same ones.
     order = torch.randperm(n_train, generator=torch.Generator().manual_seed(args.seed))
-    train_idx, val_idx, test_idx = order[args.val_size :], order[: args.val_size], torch.arange(
-        n_test)
+    train_idx, val_idx = order[args.val_size :], order[: args.val_size]
+    test_idx = torch.arange(n_test)
     if args.subset is not None and args.subset > len(train_idx):
         raise UsageError(f"--subset {args.subset} is larger than the {len(train_idx)} training "
                          "images left after the validation split")
@@ -217,27 +212,21 @@ class PictureDataset(Dataset):
 
 
 def classic_loader(args, dataset, batch_size, device, shuffle, augment, rank, world):
-    """--loader dataloader: a DataLoader that collates the dataset's pictures, one at a time,
-    in --num-workers background processes: the tool for data that does not fit in memory."""
+    """--loader dataloader, the tool for data too big for memory: pictures read one at a time,
+    in --num-workers background processes, and collated into batches."""
     ## pin_memory: batches in page-locked memory, which a GPU copies from faster.
     options = dict(num_workers=args.num_workers, persistent_workers=args.num_workers > 0,
                    pin_memory=device.type == "cuda")
     if not shuffle:  # this rank's every world-th picture: each one counted once in all
         return DataLoader(Subset(dataset, range(rank, len(dataset), world)), batch_size,
                           **options)
-    ## DistributedSampler gives each rank its share of every epoch's shuffled order (all of it
-    ## when world is 1), and its set_epoch() makes the new order.
+    ## DistributedSampler: this rank's share of each epoch's shuffled order (without torchrun: all).
     sampler = DistributedSampler(dataset, world, rank, seed=args.seed)
     collate = partial(augmentation.collate_and_augment, styles=args.dataset == "mnist")
-    return EpochDataLoader(dataset, batch_size, sampler=sampler,
-                           collate_fn=collate if augment else None, **options)
-
-
-class EpochDataLoader(DataLoader):
-    """A DataLoader with TensorLoader's set_epoch(), passed on to its sampler."""
-
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
+    loader = DataLoader(dataset, batch_size, sampler=sampler,
+                        collate_fn=collate if augment else None, **options)
+    loader.set_epoch = sampler.set_epoch  # as on a TensorLoader: train() calls it every epoch
+    return loader
 
 
 def model_sizes(args: argparse.Namespace) -> dict:
@@ -252,9 +241,8 @@ def model_sizes(args: argparse.Namespace) -> dict:
 
 
 def make_optimizer(name: str, params, lr: float, device: torch.device) -> torch.optim.Optimizer:
-    """Adam or SGD (momentum 0.9), fused into one kernel on devices that support it."""
-    ## "Fused": one kernel updates every weight, instead of several small operations per weight
-    ## tensor. The same arithmetic, much less overhead for a small model.
+    """Adam or SGD (momentum 0.9), fused on devices that support it."""
+    ## Fused: one kernel for all the weights, not several per tensor: same maths, less overhead.
     fused = device.type in ("cpu", "cuda", "mps", "xpu")
     if name == "adam":  # adapts a step size per weight: the forgiving default
         return torch.optim.Adam(params, lr=lr, fused=fused)
@@ -267,8 +255,7 @@ def make_schedule(name: str, optimizer: torch.optim.Optimizer, total_steps: int)
         return None
     ## Warmup + cosine: over the first tenth of the steps the rate climbs to --lr (early steps,
     ## from random weights and with Adam's averages still poor, can throw the model somewhere
-    ## bad), then falls along a cosine to 0, so the model settles. synthetic_train.py writes it
-    ## out by hand.
+    ## bad), then falls along a cosine to 0, so the model settles (by hand: synthetic_train.py).
     warmup = max(1, total_steps // 10)
     schedulers = torch.optim.lr_scheduler
     return schedulers.SequentialLR(optimizer, [
@@ -281,9 +268,8 @@ def weight_average(model: nn.Module, optimizer: torch.optim.Optimizer,
                    total_steps: int) -> nn.Module:
     """--ema: a copy of `model` whose weights follow an average of its recent weights."""
     ## Late in training each step moves the weights a little around a good point, partly at
-    ## random; an average of the recent weights sits nearer to it. After each step it moves
-    ## 1 - decay of the way to the new weights: it spans about the last tenth of the run.
-    ## (torch.optim.swa_utils.AveragedModel does this too, with more options and more work.)
+    ## random; an average of the recent weights sits nearer to it. This one spans about the last
+    ## tenth of the run. (torch.optim.swa_utils.AveragedModel: the same, more options, more work.)
     averaged = copy.deepcopy(model).requires_grad_(False)  # uncompiled, if --compile follows
     decay = max(0.0, 1 - 10 / total_steps)
     ## Weights and buffers (BatchNorm's statistics), paired; a shared weight is listed once.
@@ -307,8 +293,7 @@ def predict_all(model: nn.Module, loader, device: torch.device,
     """The model's guess for every picture of `loader`, in order, and the true labels."""
     model.eval()
     guesses, truth = [], []
-    with torch.inference_mode(), torch.autocast(device.type, dtype=amp_dtype,
-                                                enabled=amp_dtype is not None):
+    with torch.inference_mode(), torch.autocast(device.type, amp_dtype, amp_dtype is not None):
         for inputs, targets in loader:
             guesses.append(model(inputs.to(device)).argmax(dim=1).cpu())
             truth.append(targets.cpu())
@@ -318,8 +303,7 @@ def predict_all(model: nn.Module, loader, device: torch.device,
 # ---------------------------------------------------------------------------------------------
 # The settings, and how a run ends.
 
-## The settings that make a run what it is, saved with it: --resume goes on with them. The
-## others say where and how it runs (the data folder, the device, the logs).
+## The settings that make a run what it is, saved with it: --resume goes on with them.
 RUN_SETTINGS = ("model", "hidden", "channels", "dataset", "optimizer", "lr", "batch_size",
                 "augment", "clip_grad", "amp", "seed", "val_size", "subset", "loader", "epochs",
                 "schedule", "ema")

@@ -19,8 +19,6 @@ only the kind of pictures it was trained on, MNIST's white digits on black, 20 x
 or several). read_and_classify() and classify() are the part to copy.
 """
 
-from __future__ import annotations
-
 import io
 import json
 import os
@@ -111,9 +109,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def read_and_classify(source, model: torch.nn.Module, checkpoint: dict,
                       device: torch.device) -> tuple[dict, torch.Tensor, torch.Tensor]:
-    """Read a picture (a path, or a file object), clean it up and classify it: the result
-    ({"prediction", "class", "probabilities", "warning"}), the 28 x 28 input the model saw, and
-    the probabilities as a tensor. The command line and the page both use it."""
+    """Clean up and classify a picture (a path or file object): the result {"prediction", "class",
+    "probabilities", "warning"}, the 28 x 28 input the model saw, the probabilities as a tensor."""
     gray = digit_cleanup.load_gray(source)  # any picture, as gray 0..1 (0 = black)
     if checkpoint.get("dataset", "mnist") == "mnist":
         digit, warning = digit_cleanup.preprocess(gray)  # -> a 28x28 MNIST-style digit
@@ -155,8 +152,7 @@ def describe(checkpoint: dict, model: torch.nn.Module | None = None) -> str:
 
 
 def page_answer(model: torch.nn.Module, checkpoint: dict, device: torch.device):
-    """The page's answer to the bytes of a picture: read_and_classify()'s result and the 28 x 28
-    input the model saw, or {"error": ...} for a file that is no picture."""
+    """The page's answer to a picture: read_and_classify()'s result and input, or an error."""
     def answer(picture: bytes) -> dict:
         try:
             result, digit, _ = read_and_classify(io.BytesIO(picture), model, checkpoint, device)
