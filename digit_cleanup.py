@@ -12,6 +12,7 @@ top to bottom: reading a picture, preprocess(), then its helpers. It needs torch
 only: copy it whole. ("Mask", throughout: a boolean image, True where there is ink.)
 """
 
+import contextlib
 import math
 import warnings
 from pathlib import Path
@@ -21,15 +22,15 @@ import torch
 import torch.nn.functional as F
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
-## The clean-up's settings. Pillow calls bigger pictures "decompression bombs" (small files that
-## decode to gigabytes): load_gray() refuses them. Pillow's 89 MP is raised for big phone photos.
+## The clean-up's settings. Pillow warns of pictures over this many pixels as "decompression
+## bombs" (small files that decode to gigabytes), which load_gray() refuses; its 89 MP is raised.
 Image.MAX_IMAGE_PIXELS = 120_000_000
 MAX_PIXELS = 25_000_000  # bigger pictures are reduced to this as they are read (memory)
 OVERVIEW = 640  # the digit is looked for on a copy at most this many pixels across...
 DIGIT_BOX = 80  # ...then cut out and scaled so its long side is this: MNIST's 20-px box, 4x
 MIN_CONTRAST = 0.08  # ink differs from the paper by this much (0..1) at the least
-## What makes a digit is its span (MNIST's thinnest "1" is 1 px wide, 19 tall), and a digit can
-## still be read at a third of MNIST's 20 px: ink that spans fewer pixels is a speck.
+## A digit is told by its span, its longer side, not its ink (MNIST's thinnest "1" is 1 px wide,
+## 19 tall), and it reads even at a third of MNIST's 20 px: ink spanning fewer is a speck.
 SPECK_EXTENT = 6
 DOT_LENGTH = 3.2  # ink less than this many stroke widths long is a dot, not a digit: is_a_dot()
 MAX_ASPECT = 2.5  # wider than this times its height is a number or a word (MNIST's widest: 2.2)
@@ -52,8 +53,7 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
             if not path.exists():
                 raise ImageProblem("no such file")
             if path.is_dir():
-                raise ImageProblem("is a directory; pass the image files inside it (e.g. "
-                                   "dir/*.png)")
+                raise ImageProblem("is a directory; pass the image files inside it (dir/*.png)")
             if path.is_file() and path.stat().st_size == 0:  # not a pipe: those have no size
                 raise ImageProblem("is empty (0 bytes)")
         except OSError as err:  # a name too long, a folder this user may not enter
@@ -64,7 +64,7 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
             warnings.simplefilter("ignore", UserWarning)  # Pillow's notes on odd headers
             img = Image.open(path)  # reads only the header: a bomb is refused before decoding
             if img.format == "EPS":  # decoding EPS runs Ghostscript, a PostScript interpreter:
-                img.close()  # a picture, sent to the page above all, must never run a program
+                img.close()  # a picture (uploaded to the page, say) must never run a program
                 raise ImageProblem("is PostScript (EPS), which is not read here: save it as "
                                    "PNG or JPEG")
             ## draft(): the JPEG decoder gives gray, and a huge picture at a smaller scale
@@ -81,7 +81,7 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
                            "WebP...)") from None
     except PermissionError as err:  # the file is there, but this user may not read it
         raise ImageProblem(f"cannot be read: {err.strerror}") from None
-    except (OSError, SyntaxError, ValueError) as err:
+    except (OSError, SyntaxError, ValueError) as err:  # Pillow raises all three for damage
         raise ImageProblem(f"is truncated or damaged ({err})") from None
     if max(img.size) < SPECK_EXTENT:
         raise ImageProblem(f"is only {img.width} x {img.height} pixels: too small to hold a digit")
@@ -142,17 +142,15 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
         box = (0, top, small.width * factor, min(top + rows, small.height * factor))
         small.paste(img.crop(box).convert(mode).reduce(factor), (0, top // factor))
     ## A new picture has no EXIF: carry over the "rotate me" tag for upright().
-    try:
-        orientation = img.getexif().get(ExifTags.Base.Orientation, 1)
-    except DAMAGED_EXIF:  # upright() ignores it too
-        orientation = 1
-    small.getexif()[ExifTags.Base.Orientation] = orientation
+    with contextlib.suppress(*DAMAGED_EXIF):  # damaged: upright() ignores it too
+        small.getexif()[ExifTags.Base.Orientation] = img.getexif().get(ExifTags.Base.Orientation, 1)
     return small
 
 
 # turning a picture into an MNIST digit -------------------------------------------------------
-## preprocess() is the whole recipe, its steps numbered in the order they run; each exists for
-## a kind of picture people send. Terms from image processing:
+## preprocess() is the whole recipe, in the order it runs; each step exists for a kind of picture
+## people send. Terms from image processing ("4x": MNIST's 20-px box drawn at 80 px, DIGIT_BOX):
+##   block          a square of pixels, wider than a stroke, over which the paper is measured
 ##   paper level    the paper's brightness under each pixel as if there were no ink; ink is
 ##                  measured against it, so shadows, uneven light and coloured paper cancel out
 ##   grain          how much the paper's brightness varies from pixel to pixel (its noise)
@@ -162,9 +160,10 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
 ##                  then max: bright runs shorter than the neighbourhood vanish
 ##   components     the separate blobs of a mask: pixels that touch (8 neighbours) share one
 ##   anti-aliasing  soft gray edges; shrinking without averaging turns thin lines into dashes
-## PyTorch idioms: F.interpolate (and F.pad, but for a constant) takes batches [N, C, H, W]:
-## x[None, None] adds those dimensions, [0, 0] removes them. window_max(x, k) is the maximum over
-## each pixel's k x k neighbourhood, -window_max(-x, k) the minimum. A trailing _: in place.
+## PyTorch idioms: F.interpolate, F.*pool2d and F.pad (except with a constant) take batches [N, C,
+## H, W]: x[None, None] adds those dimensions, [0, 0] removes them. window_max(x, k) is the maximum
+## over each pixel's k x k neighbourhood, -window_max(-x, k) the minimum. unfold cuts a dimension
+## into windows; index_add_ and scatter_reduce gather values by label. A trailing _: in place.
 
 
 def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
@@ -175,18 +174,20 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
              f"(as load_gray gives), not {gray.dtype} of shape {list(gray.shape)}")
     if gray.dim() != 2 or not gray.is_floating_point() or gray.numel() == 0:
         raise ValueError(wrong)
-    ## 1. On a small copy (the picture itself when small): which side is ink, where is the digit?
+    ## 1. On a small copy (the picture itself when small): is the ink darker or lighter than the
+    ##    paper, and where is the digit?
     overview = shrink(gray, OVERVIEW)
-    low, high = torch.aminmax(overview)  # checked here, at no cost: 0..255 values show here too
+    low, high = torch.aminmax(overview)  # cheap on the small copy; 0..255 values stay far above 1
     if not 0 <= low <= high <= 1:
         raise ValueError(f"{wrong} from {low:g} to {high:g}")
     if already_mnist(gray):  # e.g. an MNIST test image: every step below would only blur it
         return gray.clamp(0, 1), None
     blank = torch.zeros(28, 28)
-    dark_ink, problem = ink_polarity(overview)
+    block = max(6, max(overview.shape) // 24)  # paper blocks wider than a stroke, not a shadow
+    dark_ink, problem = ink_polarity(overview, block)
     if problem:
         return blank, problem
-    marks = ink_mask(ink_map(overview, dark_ink, paper_block(overview)))
+    marks = ink_mask(ink_map(overview, dark_ink, block))
     mask = keep_digit(marks)  # the digit: no specks, page edges or marks far from it
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
@@ -194,7 +195,7 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     ## 2. Ink and mask again on the digit alone, cut out of the full picture at DIGIT_BOX px:
     ##    a small digit is enlarged before any threshold is chosen, so thin strokes survive.
     crop, scale = cut_out(gray, mask, gray.shape[0] / overview.shape[0], dark_ink)
-    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)  # blocks of 13 px, wider than a stroke
+    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)  # 13-px blocks (thicker strokes: paper_level)
     mask = keep_digit(ink_mask(ink))
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
@@ -212,10 +213,10 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
 
 
 def more_than_one_digit(mask: torch.Tensor, others: int) -> str | None:
-    """A warning when the digit's mask looks like a number or a word, or when `others` more
-    digit-sized marks were left out; else None."""
-    ## A digit's pieces share columns (a 5's bar above its belly). Marks side by side, each half
-    ## as tall as the whole, a quarter of that wide, with a quarter of the most ink, are several.
+    """A warning if the mask looks like a number or a word, or `others` more marks were left out."""
+    ## A digit's pieces share columns (a 5's bar above its belly): blobs overlapping in columns
+    ## merge. Groups side by side, each half the ink's height tall, a quarter of that wide, with a
+    ## quarter of the inkiest group's ink, are several characters.
     top, bottom, left, right = bounding_box(mask)
     height = bottom - top
     if (right - left) > MAX_ASPECT * height:
@@ -242,8 +243,8 @@ def more_than_one_digit(mask: torch.Tensor, others: int) -> str | None:
 
 def is_a_dot(mask: torch.Tensor) -> bool:
     """Whether the digit's ink is about as long as its strokes are wide: a dot, not a digit."""
-    ## A round dot of diameter D has a stroke_width() of D / 2: it is under 3 widths long. Every
-    ## digit is strokes several widths long, even MNIST's boldest.
+    ## A round dot of diameter D has a stroke_width() of D / 2: 2 widths long (up to 2.9 as pixels
+    ## draw it). MNIST's boldest digit is 3.5 widths long; DOT_LENGTH lies between.
     top, bottom, left, right = bounding_box(mask)
     length = max(bottom - top, right - left)
     if length < 12:  # too few pixels: the outline would be most of the ink, no verdict
@@ -269,8 +270,8 @@ def dark_holes_filled(mask: torch.Tensor, gray: torch.Tensor, dark_ink: bool) ->
 
 def digit_sized(left_out: torch.Tensor, digit: torch.Tensor) -> int:
     """How many marks of `left_out` stand beside the digit, about as big: other characters."""
-    ## A mark beside the digit on its line (half its rows shared), at least half its height, a
-    ## quarter of that wide, with a quarter of its ink, is a character; specks and pieces are not.
+    ## A mark beside the digit on its line (half its rows shared), half its height, a quarter of
+    ## that wide, with a quarter of its ink, is a character; specks and marks at the border are not.
     if not left_out.any():
         return 0
     small, _ = at_most(left_out, 128)  # the same scale for both, as keep_digit() works
@@ -317,11 +318,11 @@ def shrink(x: torch.Tensor, size: int) -> torch.Tensor:
     return F.interpolate(x[None, None], size=out_size, mode="area")[0, 0]
 
 
-def ink_polarity(x: torch.Tensor) -> tuple[bool, str | None]:
+def ink_polarity(x: torch.Tensor, block: int) -> tuple[bool, str | None]:
     """(dark_ink, None): whether the ink is darker than the paper; with no ink, (True, why)."""
     ## Pixels far from the paper, beyond its grain, are ink, on one side. With the side unknown,
     ## the paper is each block's median (right while ink covers under half): hence big blocks.
-    residual = x - paper_level(x, max(paper_block(x), min(x.shape) // 4))
+    residual = x - paper_level(x, max(block, min(x.shape) // 4))
     cut = ink_cut(x)
     darker = (-residual - cut).clamp(min=0).sum()
     lighter = (residual - cut).clamp(min=0).sum()
@@ -330,14 +331,10 @@ def ink_polarity(x: torch.Tensor) -> tuple[bool, str | None]:
             return True, "no digit found: the picture is blank (one uniform colour)"
         return True, ("no digit found: no ink stands out from the paper's grain (noise, or a "
                       "picture too faint)")
-    ## Light ink needs the evidence *and* a dark picture and border (a drawing, a blackboard).
+    ## Paper is usually the lighter: light ink needs the evidence *and* a dark picture and border
+    ## (a white-on-black drawing, a blackboard).
     border = torch.cat([x[0], x[-1], x[:, 0], x[:, -1]])
     return not (lighter > darker and x.median() < 0.5 and border.median() < 0.5), None
-
-
-def paper_block(x: torch.Tensor) -> int:
-    """paper_level's block on a whole picture: wider than a stroke, narrower than a shadow."""
-    return max(6, max(x.shape) // 24)
 
 
 def paper_level(x: torch.Tensor, block: int, dark_ink: bool | None = None) -> torch.Tensor:
@@ -351,8 +348,8 @@ def paper_level(x: torch.Tensor, block: int, dark_ink: bool | None = None) -> to
     cells = padded.unfold(0, b, b).unfold(1, b, b).reshape(-1, b * b)  # one row per block
     shape = (padded.shape[0] // b, padded.shape[1] // b)
     if dark_ink is None:
-        ## A block's median is the paper while ink covers less than half of it; then the median
-        ## of its neighbours' too.
+        ## A block's median is the paper while ink covers under half of it; a block mostly ink
+        ## then takes the median of its 3 x 3 neighbours' medians.
         grid = neighbours(cells.median(dim=1).values.view(shape)).median(dim=-1).values
     else:
         ## The paper is each block's bright part (its 90th percentile: a noisy pixel can be
@@ -381,10 +378,11 @@ def grain(x: torch.Tensor) -> float:
 
 def ink_cut(x: torch.Tensor) -> float:
     """How far a pixel must stand out from the paper to be ink: max(MIN_CONTRAST, 5 * grain(x))."""
-    ## grain()'s median is slow and seldom matters: it cannot when over half the steps (the lower
-    ## middle one is torch's median) lie below 0.9 times the step that would (0.9: no rounding).
+    ## A shortcut: grain() needs a median (slow), and it matters only above MIN_CONTRAST / 5. If
+    ## over half the steps lie at or below 0.9 times the step where it would matter (one count;
+    ## torch's median is the lower middle value), the answer is MIN_CONTRAST (0.9: no rounding).
     steps = x.flatten().diff().abs()
-    level = 0.9 * (MIN_CONTRAST / 5) * math.sqrt(2) / 1.4826  # median step: 5 * grain = 0.9 x
+    level = 0.9 * (MIN_CONTRAST / 5) * math.sqrt(2) / 1.4826  # 5 * grain = 0.9 x MIN_CONTRAST
     if int((steps <= level).sum()) > (steps.numel() - 1) // 2:
         return MIN_CONTRAST
     return max(MIN_CONTRAST, 5 * grain(x))
@@ -445,7 +443,8 @@ def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
     lines, on_lines = torch.zeros_like(small), [torch.zeros_like(small)] * 2
     for along in (0, 1):  # 0: horizontal lines, 1: vertical lines
         m = (small if along == 0 else small.T).float()
-        ## A line fills over 0.6 of its row (full_rows): most pictures have no two such rows.
+        ## A quick exit: a line fills over 0.6 of its row (full_rows below); with fewer than two
+        ## such rows there is no ruled paper, as in most pictures.
         if int((m.mean(dim=1) > 0.6).sum()) < 2:
             continue
         run = max(8, m.shape[1] // 5) | 1  # odd (| 1): an opening's window has a centre pixel
@@ -460,7 +459,7 @@ def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
             found = on_line & full_rows[:, None]
             on_lines[along] = found if along == 0 else found.T  # crossings included
             lines |= on_lines[along] & ~(crossing if along == 0 else crossing.T)
-    lines |= on_lines[0] & on_lines[1]  # squared paper: where printed lines cross, not a stroke
+    lines |= on_lines[0] & on_lines[1]  # squared paper: the crossings of two lines are no stroke
     return restore(lines) & mask
 
 
@@ -482,8 +481,7 @@ def long_runs(mask: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def at_most(mask: torch.Tensor, size: int):
-    """The mask shrunk to at most `size` pixels across, each cell inked if any pixel of it is,
-    and a function that scales a small mask back to the full size."""
+    """The mask at most `size` px across (no inked pixel lost), and a function to scale back."""
     scale = size / max(mask.shape)
     if scale >= 1:
         return mask, lambda small: small
@@ -632,7 +630,8 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
 
 def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     """Scale the cropped digit into MNIST's 20 x 20 box, with MNIST's stroke width."""
-    ## At 4x (DIGIT_BOX), widths change by whole pixels; 4x4 averages then give soft edges.
+    ## At 4x, a pixel of width is a quarter of an MNIST pixel; averaging 4x4 blocks at the end
+    ## gives MNIST's soft edges.
     big = at_4x(digit)
     width = stroke_width(big > 0.5)
     ## MNIST's usual widths stay; thinner strokes (a mouse's 1-px line) and thicker ones (a
@@ -690,8 +689,8 @@ def stroke_width(mask: torch.Tensor) -> float:
     with an outline of about 2 x L, so w = area / (outline / 2). Outline pixels are ink too, so
     a line 1 or 2 px wide reads as 2: measure wider strokes (mnist_strokes works at 4x)."""
     m = mask.float()
-    ## Pixels whose 8 neighbours are all ink; beyond the edge counts as ink, so a mask needs a
-    ## margin of paper for its outline to be seen there.
+    ## Pixels whose 8 neighbours are all ink. window_max pads with -inf, so beyond the edge counts
+    ## as ink: a mask needs a margin of paper for its outline to be seen there.
     inner = -window_max(-m, 3)
     outline = (m - inner).sum()
     return float(2 * m.sum() / outline.clamp(min=1))
@@ -719,7 +718,7 @@ def plain_28x28(gray: torch.Tensor) -> torch.Tensor:
     return 1 - small if border.median() > 0.5 else small
 
 
-# F.max_pool2d's and torch.quantile's numbers, faster on small tensors (the tests compare) ------
+# The results of F.max_pool2d and torch.quantile (the tests check), faster on small tensors ---
 def window_max(x: torch.Tensor, height: int, width: int | None = None) -> torch.Tensor:
     """Each pixel's maximum over the height x width window centred on it (odd sizes; width
     defaults to height), as F.max_pool2d(x[None, None], (height, width), 1, (height // 2,
@@ -740,7 +739,8 @@ def top_quantile(x: torch.Tensor, q: float, dim: int = -1) -> torch.Tensor:
     """x.quantile(q, dim) for a high q (0.9, 0.99) and an x without NaN: torch.quantile sorts all
     the values, topk finds the top (1 - q) only."""
     ## The quantile lies `rank` places up the sorted values, interpolated linearly between the
-    ## two around it; rank is computed exactly as torch.quantile does (q in x's dtype, in double).
+    ## two around it; rank as torch.quantile computes it (q rounded to x's dtype, times n - 1 in
+    ## double), or the last bit would differ.
     n = x.shape[dim]
     rank = float(torch.tensor(q, dtype=x.dtype)) * (n - 1)
     below = int(rank)
