@@ -167,7 +167,7 @@ def say(line: str, stream=None) -> None:
     shows them, so that no name prints as two lines or recolours the terminal."""
     if stream is sys.stderr and sys.stdout is not None:
         sys.stdout.flush()  # `> log.txt 2>&1`: the lines in the order they were said
-    print("".join(c if c.isprintable() or c == "\\t" else repr(c)[1:-1] for c in line),
+    print("".join(c if c.isprintable() else repr(c)[1:-1] for c in line),
           file=stream or sys.stdout)
 
 
