@@ -309,8 +309,7 @@ def already_mnist(gray: torch.Tensor) -> bool:
 
 
 def shrink(x: torch.Tensor, size: int) -> torch.Tensor:
-    """Scale down so the long side is at most `size`, averaging each area (a thin stroke fades,
-    but it does not vanish, as it can when pixels are skipped)."""
+    """At most `size` px across, averaging areas (a thin stroke fades; skipping pixels loses it)."""
     scale = size / max(x.shape)
     if scale >= 1:
         return x
@@ -334,7 +333,11 @@ def ink_polarity(x: torch.Tensor, block: int) -> tuple[bool, str | None]:
     ## Paper is usually the lighter: light ink needs the evidence *and* a dark picture and border
     ## (a white-on-black drawing, a blackboard).
     border = torch.cat([x[0], x[-1], x[:, 0], x[:, -1]])
-    return not (lighter > darker and x.median() < 0.5 and border.median() < 0.5), None
+    light = lighter > darker and x.median() < 0.5 and border.median() < 0.5
+    if light and darker > 0:  # dark marks too: a shadow's lit side? Smaller blocks follow it
+        residual = x - paper_level(x, block)
+        light = (residual - cut).clamp(min=0).sum() > (-residual - cut).clamp(min=0).sum()
+    return not light, None
 
 
 def paper_level(x: torch.Tensor, block: int, dark_ink: bool | None = None) -> torch.Tensor:
@@ -702,8 +705,7 @@ def centre_by_mass(digit: torch.Tensor, size: int) -> torch.Tensor:
     total = digit.sum().clamp(min=1e-6)
     cy = (digit.sum(dim=1) * torch.arange(h)).sum() / total
     cx = (digit.sum(dim=0) * torch.arange(w)).sum() / total
-    top = round(size / 2 - cy.item())  # MNIST's centre of mass: row 14, column 14 (from 0)
-    left = round(size / 2 - cx.item())
+    top, left = round(size / 2 - cy.item()), round(size / 2 - cx.item())  # MNIST's: 14, 14
     top, left = min(max(top, 0), size - h), min(max(left, 0), size - w)  # stay inside the frame
     out = torch.zeros(size, size)
     out[top : top + h, left : left + w] = digit
@@ -711,8 +713,7 @@ def centre_by_mass(digit: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def plain_28x28(gray: torch.Tensor) -> torch.Tensor:
-    """For pictures that are not digits (predict.py, with a Fashion-MNIST checkpoint): the whole
-    picture squashed to 28 x 28, light on dark as MNIST-style datasets are."""
+    """For models of other things (Fashion-MNIST): the picture squashed to 28x28, light on dark."""
     small = F.interpolate(gray[None, None], size=(28, 28), mode="area")[0, 0]
     border = torch.cat([small[0], small[-1], small[:, 0], small[:, -1]])
     return 1 - small if border.median() > 0.5 else small
@@ -720,9 +721,8 @@ def plain_28x28(gray: torch.Tensor) -> torch.Tensor:
 
 # The results of F.max_pool2d and torch.quantile (the tests check), faster on small tensors ---
 def window_max(x: torch.Tensor, height: int, width: int | None = None) -> torch.Tensor:
-    """Each pixel's maximum over the height x width window centred on it (odd sizes; width
-    defaults to height), as F.max_pool2d(x[None, None], (height, width), 1, (height // 2,
-    width // 2))[0, 0] gives it: the maximum of shifted copies, along rows, then columns."""
+    """Each pixel's maximum over the height x width window (odd; width defaults to height) centred
+    on it, as F.max_pool2d gives it: the maximum of shifted copies, along rows, then columns."""
     width = width or height
     h, w = x.shape
     padded = F.pad(x, (width // 2, width // 2, height // 2, height // 2), value=-math.inf)

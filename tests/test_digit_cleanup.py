@@ -267,6 +267,17 @@ def test_uneven_light_and_coloured_paper_are_evened_out():
     assert ok, diff
 
 
+@pytest.mark.parametrize("digit", [0, 5])
+def test_a_page_in_shadow_with_a_brightly_lit_strip_keeps_its_dark_ink(digit):
+    ## At the scale of a quarter of the picture, a lit strip on a page in shadow looks like light
+    ## ink on dark paper; judged so, the digit comes out as a hole in a blob.
+    plain = to_gray(digit_picture(digit, size=(300, 330), centre=(110, 110), font_size=130,
+                                  ink=(20, 20, 20), paper=(230, 230, 230)))
+    ys, xs = torch.meshgrid(torch.linspace(-1, 1, 330), torch.linspace(-1, 1, 300), indexing="ij")
+    light = 0.25 + 0.7 * torch.sigmoid((xs + ys - 0.5) * 10)  # a soft edge across a corner
+    assert (digit_of(plain * light) - digit_of(plain)).abs().mean() < 0.02
+
+
 def test_specks_and_a_page_edge_are_ignored():
     picture = digit_picture(5, size=(400, 300), centre=(200, 150))
     pixels = picture.load()
