@@ -134,7 +134,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
             loss = criterion(model(inputs), targets)
         if scaler is None:  # float32 or bfloat16: the plain steps
             loss.backward()  # backward: each weight's .grad gets d(loss)/d(weight)
-            if clip_grad is not None:  # shrink the gradients if their joint norm is above it
+            if clip_grad is not None:  # cap their joint norm: one bad batch cannot undo training
                 nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
             ## step: move each weight against its gradient. step() before backward(), or
             ## zero_grad() between them, raises no error: the model just never learns.
@@ -147,7 +147,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
             scaler.step(optimizer)  # skipped if a gradient overflowed
             scaler.update()
         if scheduler is not None:
-            scheduler.step()  # a per-batch learning-rate schedule, such as warmup + cosine
+            scheduler.step()  # per batch: warmup + cosine moves the rate a little each step
         ## A per-sample sum (batch mean x size), kept on the device: .item() would make the CPU
         ## wait for the GPU. detach(): the graph behind the loss can be freed.
         total.add_(loss.detach(), alpha=len(targets))
@@ -210,7 +210,7 @@ def save_checkpoint(path: str | Path, model: nn.Module | dict, *, model_name: st
         model = model.module  # its state_dict's keys would start with "module."
     if isinstance(model, nn.Module):  # torch.compile(model) keeps the model in ._orig_mod
         model = getattr(model, "_orig_mod", model).state_dict()
-    buffer = io.BytesIO()  # in memory first: a full disk is then an error that names the file
+    buffer = io.BytesIO()  # in memory first: checked below, then written whole or not at all
     torch.save({"model_name": model_name, "state_dict": model, "mean": float(mean),
                 "std": float(std), "epoch": int(epoch), "val_accuracy": float(val_accuracy),
                 **extra}, buffer)

@@ -38,7 +38,7 @@ from safeguards import UsageError
 
 def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
     """The lesson. On a first read, skip rank and world (torchrun) and `run` (files, --resume)."""
-    rank, world, device = setup(args)  # torchrun's process number and count (0, 1 without it)
+    rank, world, device = setup(args)  # seed, device; torchrun's rank, world (0, 1 without)
 
     # 1. data ----------------------------------------------------------------------------------
     ## 60,000 training pictures (uint8 [N, 28, 28], labels 0..9), --val-size of them held out
@@ -57,7 +57,7 @@ def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
 
     # 2. model ---------------------------------------------------------------------------------
     sizes = model_sizes(args)  # --hidden and --channels, if given
-    model = common.build_model(args.model, **sizes).to(device)  # weights initialised as built
+    model = common.build_model(args.model, **sizes).to(device)  # random weights, by --seed
 
     # 3. loss ----------------------------------------------------------------------------------
     ## The model ends in 10 raw scores ("logits"): CrossEntropyLoss takes their log-softmax
@@ -97,8 +97,8 @@ def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
                                                 amp_dtype=amp_dtype)
             train_loss, val_loss, val_acc = safeguards.reduce_metrics(  # torchrun: all ranks'
                 train_loss, val_loss, val_acc, len(val_idx[rank::world]), world, device)
-            ## Keep a copy (clone) of the weights that do best on validation data, not the last:
-            ## later epochs can overfit, fitting the training pictures more than digits in general.
+            ## Keep the weights that do best on validation data, not the last (later epochs can
+            ## overfit), as a copy: state_dict() shares memory with weights that keep changing.
             if saved := val_acc > best_acc:
                 best_acc, best_epoch = val_acc, epoch
                 best_weights = {k: v.clone() for k, v in eval_model.state_dict().items()}
