@@ -47,7 +47,7 @@ def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
     images, labels = common.load_mnist(args.data_dir, train=True, dataset=folder)
     test_images, test_labels = common.load_mnist(args.data_dir, train=False, dataset=folder)
     ## Inputs are standardised to a mean of 0 and a spread of 1, which the default weights and
-    ## learning rate suit. predict.py must do the same: the checkpoint keeps the two numbers.
+    ## learning rate suit. predict.py must do the same: the saved model file keeps the two.
     mean, std = normalisation(args.dataset, images)
     train_idx, val_idx, test_idx = choose_splits(args, len(labels), len(test_labels), world)
     loader = partial(make_loader, args, mean=mean, std=std, device=device, rank=rank, world=world)
