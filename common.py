@@ -124,7 +124,8 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
     Per batch, in this order, the five steps: zero_grad, forward, loss, backward, step."""
     device = torch.device(device)
     model.train()  # Dropout and BatchNorm behave as in training; evaluate() switches them back
-    total, seen, logged = torch.zeros((), device=device), 0, (0.0, 0)  # loss sum, count; at the log
+    ## The loss summed over samples, and their count, so far; `logged`: both at the last log.
+    total, seen, logged = torch.zeros((), device=device), 0, (0.0, 0)
     batches = len(loader) if hasattr(loader, "__len__") else "?"  # a generator has no length
     for batch, (inputs, targets) in enumerate(loader, start=1):
         inputs, targets = inputs.to(device), targets.to(device)  # no copy if already there
