@@ -195,7 +195,7 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     ## 2. Ink and mask again on the digit alone, cut out of the full picture at DIGIT_BOX px:
     ##    a small digit is enlarged before any threshold is chosen, so thin strokes survive.
     crop, scale = cut_out(gray, mask, gray.shape[0] / overview.shape[0], dark_ink)
-    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)  # 13-px blocks (thicker strokes: paper_level)
+    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)  # blocks of 13 px, closed over thicker strokes
     mask = keep_digit(ink_mask(ink))
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
