@@ -34,7 +34,8 @@ MIN_CONTRAST = 0.08  # ink differs from the paper by this much (0..1) at the lea
 SPECK_EXTENT = 6
 DOT_LENGTH = 3.2  # ink less than this many stroke widths long is a dot, not a digit: is_a_dot()
 MAX_ASPECT = 2.5  # wider than this times its height is a number or a word (MNIST's widest: 2.2)
-## MNIST's stroke widths as mnist_strokes() measures them (at 4x), on its 60,000 training digits:
+## MNIST's stroke widths in the DIGIT_BOX (4x), on its 60,000 training digits (measured by
+## benchmarks/realistic_digits.py widths):
 MNIST_WIDTH = 8.0  # the median; strokes outside the usual range are brought to it
 MNIST_WIDTHS = (5.9, 11.2)  # the usual range: the 10th to the 90th percentile
 
@@ -206,9 +207,7 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
                        "small to be a digit")
     if is_a_dot(dark_holes_filled(mask, crop, dark_ink)):
         return blank, "no digit found: the ink is a dot, not a digit"
-    ## Keep the soft edge pixels around the strokes (MNIST has them too), but only there.
-    near = window_max(mask.float(), 5) > 0
-    digit = (ink * near)[top:bottom, left:right]
+    digit = (ink * mask)[top:bottom, left:right]  # the strokes alone: no mark beside them
     return centre_by_mass(mnist_strokes(digit), 28), more_than_one_digit(mask, others)
 
 
@@ -633,41 +632,34 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
 
 def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     """Scale the cropped digit into MNIST's 20 x 20 box, with MNIST's stroke width."""
-    ## At 4x, a pixel of width is a quarter of an MNIST pixel; averaging 4x4 blocks at the end
-    ## gives MNIST's soft edges.
-    big = at_4x(digit)
-    width = stroke_width(big > 0.5)
+    ## MNIST's digits were black-and-white scans, shrunk into the 20 x 20 box: their grays are
+    ## the shrinking's soft edges, not the pen's. So are these: the strokes, where the ink is at
+    ## least half the pen's, are drawn black and white at the cut-out's scale (about 4x: a pixel
+    ## of width is a quarter of an MNIST pixel), before any resizing blurs a thin line into
+    ## shades; averaging 4x4 blocks at the end gives the soft edges.
+    scale = DIGIT_BOX / max(digit.shape)  # widths as in the DIGIT_BOX, where MNIST's were measured
+    pen = top_quantile(digit.flatten(), 0.99).clamp(min=1e-3)  # not the maximum: a stray pixel
+    big = F.pad((digit > 0.5 * pen).float(), (12, 12, 12, 12))  # 1: stroke, 0: paper; room to grow
+    width = stroke_width(big) * scale
     ## MNIST's usual widths stay; thinner strokes (a mouse's 1-px line) and thicker ones (a
     ## marker) come to within a pixel of its median, a pixel a side at a time: the maximum over
     ## each 3 x 3 neighbourhood spreads the ink, the minimum thins it.
     if not MNIST_WIDTHS[0] <= width <= MNIST_WIDTHS[1]:
-        if width < MNIST_WIDTHS[0]:  # a line this thin covers part of each pixel it crosses:
-            big = (2 * big).clamp(0, 1)  # its shades say how much, not how dark the pen was
-            width = stroke_width(big > 0.5)
         sign = 1 if width < MNIST_WIDTH else -1  # -max(-x) is the minimum
         for _ in range(DIGIT_BOX):  # a bound only: a few steps reach the median
             if sign * (MNIST_WIDTH - width) <= 1:  # within a pixel of it, or past it
                 break
             changed = sign * window_max(sign * big, 3)
-            if not (changed > 0.5).any():  # thinned away: keep the last strokes
+            if not changed.any():  # thinned away: keep the last strokes
                 break
-            big, width = changed, stroke_width(changed > 0.5)
-    if not (big > 0.5).any():  # no stroke at half strength: shrink the digit as it is
+            big, width = changed, stroke_width(changed) * scale
+    if not big.any():  # no stroke at half strength: shrink the digit as it is
         return F.avg_pool2d(fit(digit, DIGIT_BOX)[None, None], 4)[0, 0]
-    top, bottom, left, right = bounding_box(big > 0.5)
+    top, bottom, left, right = bounding_box(big > 0)
     big = fit(big[top:bottom, left:right], DIGIT_BOX)
     h, w = big.shape
     big = F.pad(big, (0, -w % 4, 0, -h % 4))  # whole 4x4 blocks
     return F.avg_pool2d(big[None, None], 4)[0, 0]
-
-
-def at_4x(digit: torch.Tensor) -> torch.Tensor:
-    """The digit with its long side DIGIT_BOX px (MNIST's 20-px box at 4x), its inkiest pixels
-    at full ink, and black room around it: where stroke widths are measured and changed."""
-    big = fit(digit, DIGIT_BOX)
-    ## The 99th percentile becomes 1 (one stray bright pixel could set the maximum).
-    big = big / top_quantile(big.flatten(), 0.99).clamp(min=1e-3)
-    return F.pad(big.clamp(0, 1), (12, 12, 12, 12))  # black room for strokes to grow into
 
 
 def bounding_box(mask: torch.Tensor) -> tuple[int, int, int, int]:
