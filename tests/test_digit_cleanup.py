@@ -297,9 +297,10 @@ def test_specks_and_a_page_edge_are_ignored():
 
 
 @pytest.mark.parametrize("pen", [1, 3, 40, 80])  # a 1-px mouse line, pens, fat markers
-def test_strokes_of_any_width_come_out_as_wide_as_mnist_s_usually_are(pen):
+def test_strokes_of_any_width_come_out_as_wide_as_mnist_s_usually_are(pen, monkeypatch):
     picture = Image.new("RGB", (400, 400), "white")
     ImageDraw.Draw(picture).line([(110, 70), (290, 70), (170, 330)], fill="black", width=pen)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import realistic_digits
 
     x = digit_of(to_gray(picture))
