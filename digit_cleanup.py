@@ -157,8 +157,8 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
 ##   grain          how much the paper's brightness varies from pixel to pixel (its noise)
 ##   Otsu's method  the threshold that best splits values into two groups (ink, paper)
 ##   hysteresis     pixels above a low threshold count where they touch ones above a high one
-##   closing        max, then min, over neighbourhoods: narrow dark gaps close; opening, min
-##                  then max: bright runs shorter than the neighbourhood vanish
+##   closing        max, then min, over neighbourhoods: a narrow low gap between high values
+##                  fills; opening, min then max: high runs shorter than the neighbourhood vanish
 ##   components     the separate blobs of a mask: pixels that touch (8 neighbours) share one
 ##   anti-aliasing  soft gray edges; shrinking without averaging turns thin lines into dashes
 ## PyTorch idioms: F.interpolate, F.*pool2d and F.pad (except with a constant) take batches [N, C,
@@ -196,7 +196,7 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     ## 2. Ink and mask again on the digit alone, cut out of the full picture at DIGIT_BOX px:
     ##    a small digit is enlarged before any threshold is chosen, so thin strokes survive.
     crop, scale = cut_out(gray, mask, gray.shape[0] / overview.shape[0], dark_ink)
-    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)  # blocks of 13 px, closed over thicker strokes
+    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)  # the paper measured in 13-px blocks
     mask = keep_digit(ink_mask(ink))
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
@@ -207,7 +207,9 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
                        "small to be a digit")
     if is_a_dot(dark_holes_filled(mask, crop, dark_ink)):
         return blank, "no digit found: the ink is a dot, not a digit"
-    digit = (ink * mask)[top:bottom, left:right]  # the strokes alone: no mark beside them
+    ## The strokes' ink alone. mnist_strokes() draws where it is at least half the pen's: a
+    ## fainter joint, kept in the mask while the digit was found, is left out (as in MNIST's).
+    digit = (ink * mask)[top:bottom, left:right]
     return centre_by_mass(mnist_strokes(digit), 28), more_than_one_digit(mask, others)
 
 
@@ -619,8 +621,8 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
     if scale >= 1:  # enlarged smoothly (bicubic), with sharper edges than bilinear would give
         resized = F.interpolate(crop[None, None], size=out_size, mode="bicubic")[0, 0]
         return resized.clamp(0, 1), scale
-    ## Shrinking averages cells of pixels. A line thinner than MNIST's (a 1-px pen on a big canvas)
-    ## would fade: each cell keeps its inkiest pixel, which mnist_strokes() redraws wider.
+    ## Shrinking averages cells of pixels. A line thinner than MNIST's usual range (a 1-px pen on
+    ## a big canvas) would fade: each cell keeps its inkiest pixel, and mnist_strokes() widens it.
     top, bottom, left, right = box  # the strokes' width as in the DIGIT_BOX, paper all round:
     width = (stroke_width(F.pad(mask[top:bottom, left:right].float(), (1, 1, 1, 1)))
              * DIGIT_BOX / max(bottom - top, right - left))
@@ -633,12 +635,13 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
 def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     """Scale the cropped digit into MNIST's 20 x 20 box, with MNIST's stroke width."""
     ## MNIST's digits were black-and-white scans, shrunk into the 20 x 20 box: their grays are
-    ## the shrinking's soft edges, not the pen's. So are these: the strokes, where the ink is at
-    ## least half the pen's, are drawn black and white at the cut-out's scale (about 4x: a pixel
-    ## of width is a quarter of an MNIST pixel), before any resizing blurs a thin line into
-    ## shades; averaging 4x4 blocks at the end gives the soft edges.
+    ## soft edges, not the pen's. So are these: the strokes (ink at least half the pen's) are
+    ## drawn black and white at the cut-out's scale (about 4x), their width is set there, and
+    ## only then are they resized and averaged 4x4. (Resized first, a 1-px line blurs to 0.5s.)
     scale = DIGIT_BOX / max(digit.shape)  # widths as in the DIGIT_BOX, where MNIST's were measured
-    pen = top_quantile(digit.flatten(), 0.99).clamp(min=1e-3)  # not the maximum: a stray pixel
+    ## The pen's ink: the 99th percentile (a stray pixel could set the maximum). A thin line,
+    ## enlarged, can stay under the 1 that ink_map() aims for.
+    pen = top_quantile(digit.flatten(), 0.99).clamp(min=1e-3)
     big = F.pad((digit > 0.5 * pen).float(), (12, 12, 12, 12))  # 1: stroke, 0: paper; room to grow
     width = stroke_width(big) * scale
     ## MNIST's usual widths stay; thinner strokes (a mouse's 1-px line) and thicker ones (a
