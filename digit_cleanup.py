@@ -637,7 +637,7 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     ## MNIST's digits were black-and-white scans, shrunk into the 20 x 20 box: their grays are
     ## soft edges, not the pen's. So are these: the strokes (ink at least half the pen's) are
     ## drawn black and white at the cut-out's scale (about 4x), their width is set there, and
-    ## only then are they resized and averaged 4x4. (Resized first, a 1-px line blurs to 0.5s.)
+    ## only then are they resized and averaged 4x4. (Resized first, a 1-px line fades and breaks.)
     scale = DIGIT_BOX / max(digit.shape)  # widths as in the DIGIT_BOX, where MNIST's were measured
     ## The pen's ink: the 99th percentile (a stray pixel could set the maximum). A thin line,
     ## enlarged, can stay under the 1 that ink_map() aims for.
