@@ -34,8 +34,8 @@ MIN_CONTRAST = 0.08  # ink differs from the paper by this much (0..1) at the lea
 SPECK_EXTENT = 6
 DOT_LENGTH = 3.2  # ink less than this many stroke widths long is a dot, not a digit: is_a_dot()
 MAX_ASPECT = 2.5  # wider than this times its height is a number or a word (MNIST's widest: 2.2)
-## MNIST's stroke widths in the DIGIT_BOX (4x), on its 60,000 training digits (measured by
-## benchmarks/realistic_digits.py widths):
+## MNIST's stroke widths, of strokes() in the DIGIT_BOX (4x), on its 60,000 training digits
+## (benchmarks/realistic_digits.py widths):
 MNIST_WIDTH = 8.0  # the median; strokes outside the usual range are brought to it
 MNIST_WIDTHS = (5.9, 11.2)  # the usual range: the 10th to the 90th percentile
 
@@ -639,10 +639,7 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     ## drawn black and white at the cut-out's scale (about 4x), their width is set there, and
     ## only then are they resized and averaged 4x4. (Resized first, a 1-px line fades and breaks.)
     scale = DIGIT_BOX / max(digit.shape)  # widths as in the DIGIT_BOX, where MNIST's were measured
-    ## The pen's ink: the 99th percentile (a stray pixel could set the maximum). A thin line,
-    ## enlarged, can stay under the 1 that ink_map() aims for.
-    pen = top_quantile(digit.flatten(), 0.99).clamp(min=1e-3)
-    big = F.pad((digit > 0.5 * pen).float(), (12, 12, 12, 12))  # 1: stroke, 0: paper; room to grow
+    big = F.pad(strokes(digit).float(), (12, 12, 12, 12))  # 1: stroke, 0: paper; room to grow
     width = stroke_width(big) * scale
     ## MNIST's usual widths stay; thinner strokes (a mouse's 1-px line) and thicker ones (a
     ## marker) come to within a pixel of its median, a pixel a side at a time: the maximum over
@@ -663,6 +660,12 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     h, w = big.shape
     big = F.pad(big, (0, -w % 4, 0, -h % 4))  # whole 4x4 blocks
     return F.avg_pool2d(big[None, None], 4)[0, 0]
+
+
+def strokes(digit: torch.Tensor) -> torch.Tensor:
+    """The strokes: where a digit's ink is at least half the pen's, its 99th percentile (not the
+    maximum, which a stray pixel can set, nor 1, which a thin line enlarged may not reach)."""
+    return digit > 0.5 * top_quantile(digit.flatten(), 0.99).clamp(min=1e-3)
 
 
 def bounding_box(mask: torch.Tensor) -> tuple[int, int, int, int]:

@@ -420,12 +420,11 @@ def correlations(cleaned: torch.Tensor, originals: torch.Tensor) -> torch.Tensor
 
 
 def width_at_4x(digit: torch.Tensor) -> float:
-    """A 28x28 digit's stroke width as the clean-up measures it: at 4x, in the 80-px box, where
-    the ink is at least half its 99th percentile (digit_cleanup.mnist_strokes)."""
+    """A 28x28 digit's stroke width as the clean-up measures it: at 4x, in the 80-px box, on
+    digit_cleanup.strokes() with a pixel of paper all round."""
     top, bottom, left, right = digit_cleanup.bounding_box(digit > 0.5)
     big = digit_cleanup.fit(digit[top:bottom, left:right], digit_cleanup.DIGIT_BOX)
-    pen = digit_cleanup.top_quantile(big.flatten(), 0.99).clamp(min=1e-3)
-    return digit_cleanup.stroke_width(F.pad(big > 0.5 * pen, (1, 1, 1, 1)))  # paper all round
+    return digit_cleanup.stroke_width(F.pad(digit_cleanup.strokes(big), (1, 1, 1, 1)))
 
 
 def spread(values: torch.Tensor, digits: int = 2) -> str:
