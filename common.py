@@ -25,9 +25,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+
 # reproducibility and the device ---------------------------------------------------------------
-
-
 def set_seed(seed: int) -> torch.Generator:
     """Seed Python's `random` and PyTorch (CPU and every accelerator); return a CPU generator."""
     random.seed(seed)
@@ -63,8 +62,6 @@ def get_device(name: str = "auto") -> torch.device:
 ## A model is an nn.Module: __init__ creates its layers, whose weights model.parameters() then
 ## finds and model.to(device) moves, and forward() runs them. Each layer starts uniformly
 ## within +-1/sqrt(its inputs), which suits small networks.
-
-
 class MLP(nn.Sequential):
     """Fully connected network for 1x28x28 images, 784-128-64-10 by default; returns logits."""
 
@@ -112,8 +109,6 @@ def build_model(name: str, **sizes) -> nn.Module:
 
 
 # the training loop ----------------------------------------------------------------------------
-
-
 def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
                     optimizer: torch.optim.Optimizer, device: torch.device | str, *,
                     epoch: int = 1, log_interval: int = 200, amp_dtype: torch.dtype | None = None,
@@ -193,8 +188,6 @@ def evaluate(model: nn.Module, loader: Iterable, criterion: nn.Module,
 # checkpoints ----------------------------------------------------------------------------------
 ## A checkpoint stores the weights by layer name (the state_dict), not the pickled model, so it
 ## loads into the model class in code; with them, what inference needs (model name, mean, std).
-
-
 class CheckpointError(ValueError):
     """A checkpoint that is missing, damaged, unsafe to load, or made for another model."""
 
@@ -324,8 +317,6 @@ def check_values(path: Path, checkpoint: dict, model: nn.Module) -> None:
 
 
 # MNIST in memory ------------------------------------------------------------------------------
-
-
 class DataError(ValueError):
     """Training data that cannot be used: missing or damaged files, labels out of range."""
 

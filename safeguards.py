@@ -4,8 +4,6 @@ Scripts import it, it imports common.py, never the reverse, and it knows no scri
 files: the scripts hand them over.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import difflib
@@ -36,8 +34,6 @@ class UsageError(Exception):
 
 
 # command lines --------------------------------------------------------------------------------
-
-
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser: real defaults in --help, no silent abbreviations, "did you mean ...?"."""
 
@@ -183,8 +179,6 @@ def failure(err: Exception, expected: type, debug: bool, prefix: str) -> str:
 
 
 # the files of a training run, and --resume ---------------------------------------------------
-
-
 class RunFiles:
     """A run's checkpoint (best model; last epoch's state for --resume), .csv and _mistakes.png.
     An earlier run's are kept, renamed (mnist_mlp.2026-12-01_10-05-33.pt: the time they were
@@ -381,7 +375,6 @@ def download_mnist(data_dir: str | Path, dataset: str) -> None:
 
 
 # Ctrl-C, kill and a closed output --------------------------------------------------------------
-
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM,  # Ctrl-C, and `kill` or a job scheduler
                 *((signal.SIGBREAK,) if hasattr(signal, "SIGBREAK") else ()))  # Windows: Ctrl-Break
 
@@ -455,8 +448,6 @@ def run_script(main: Callable[[], int]) -> None:
 # torchrun -------------------------------------------------------------------------------------
 ## `torchrun --nproc_per_node=N script.py` starts N copies of the script, "ranks" 0..N-1, which
 ## find their numbers in environment variables; each trains on its share of every batch.
-
-
 def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
     """Join torchrun's processes, if this is one of them; return (rank, world size, device)."""
     if "WORLD_SIZE" not in os.environ:  # a plain `python script.py`
@@ -523,8 +514,6 @@ def leave_distributed(wait: bool) -> None:
 
 
 # platform rules -------------------------------------------------------------------------------
-
-
 def amp_dtype(choice: str | None, device: torch.device) -> torch.dtype | None:
     """--amp as a dtype: bfloat16, which keeps float32's range and needs no GradScaler, where
     the device computes it natively; float16 on older NVIDIA GPUs."""
