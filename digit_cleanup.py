@@ -93,7 +93,10 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
             raise ImageProblem(f"is {img.width} x {img.height} pixels: a strip too thin to "
                                "hold a digit")
         img = reduce_in_strips(img, factor)  # not a JPEG, or more than draft()'s 1/8 could do
-    img = upright(img)
+    ## Phones store "rotate me" in the EXIF data instead of rotating; damaged EXIF is ignored.
+    with contextlib.suppress(*DAMAGED_EXIF), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Pillow's "Corrupt EXIF data"
+        img = ImageOps.exif_transpose(img)
     if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit or float grayscale
         x = torch.frombuffer(bytearray(img.convert("F").tobytes()), dtype=torch.float32)
         x = x.view(img.height, img.width)
@@ -121,16 +124,6 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
 DAMAGED_EXIF = (OSError, SyntaxError, ValueError, TypeError)
 
 
-def upright(img: Image.Image) -> Image.Image:
-    """The picture turned as its EXIF data says: phones store "rotate me" instead of rotating."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "Corrupt EXIF data": handled below
-            return ImageOps.exif_transpose(img)
-    except DAMAGED_EXIF:  # the picture as it is stored
-        return img
-
-
 def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
     """Shrink a decoded picture `factor` times by averaging, a strip at a time, so that memory
     holds the big picture and a small copy, never a second big one."""
@@ -142,8 +135,8 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
     for top in range(0, small.height * factor, rows):
         box = (0, top, small.width * factor, min(top + rows, small.height * factor))
         small.paste(img.crop(box).convert(mode).reduce(factor), (0, top // factor))
-    ## A new picture has no EXIF: carry over the "rotate me" tag for upright().
-    with contextlib.suppress(*DAMAGED_EXIF):  # damaged: upright() ignores it too
+    ## A new picture has no EXIF: carry over the "rotate me" tag (damaged: ignored, as above).
+    with contextlib.suppress(*DAMAGED_EXIF):
         small.getexif()[ExifTags.Base.Orientation] = img.getexif().get(ExifTags.Base.Orientation, 1)
     return small
 
@@ -177,7 +170,7 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
         raise ValueError(wrong)
     ## 1. On a small copy (the picture itself when small): is the ink darker or lighter than the
     ##    paper, and where is the digit?
-    overview = shrink(gray, OVERVIEW)
+    overview = fit(gray, OVERVIEW) if max(gray.shape) > OVERVIEW else gray
     low, high = torch.aminmax(overview)  # cheap on the small copy; 0..255 values stay far above 1
     if not 0 <= low <= high <= 1:
         raise ValueError(f"{wrong} from {low:g} to {high:g}")
@@ -309,15 +302,6 @@ def already_mnist(gray: torch.Tensor) -> bool:
     return bool(16 <= extent <= 22 and abs(cy - 14) <= 1.5 and abs(cx - 14) <= 1.5)
 
 
-def shrink(x: torch.Tensor, size: int) -> torch.Tensor:
-    """At most `size` px across, averaging areas (a thin stroke fades; skipping pixels loses it)."""
-    scale = size / max(x.shape)
-    if scale >= 1:
-        return x
-    out_size = (max(1, round(x.shape[0] * scale)), max(1, round(x.shape[1] * scale)))
-    return F.interpolate(x[None, None], size=out_size, mode="area")[0, 0]
-
-
 def ink_polarity(x: torch.Tensor, block: int) -> tuple[bool, str | None]:
     """(dark_ink, None): whether the ink is darker than the paper; with no ink, (True, why)."""
     ## Pixels far from the paper, beyond its grain, are ink, on one side. With the side unknown,
@@ -372,24 +356,14 @@ def neighbours(grid: torch.Tensor) -> torch.Tensor:
     return padded.unfold(0, 3, 1).unfold(1, 3, 1).reshape(*grid.shape, 9)
 
 
-def grain(x: torch.Tensor) -> float:
-    """How much the paper varies from pixel to pixel: a robust standard deviation of its noise."""
+def ink_cut(x: torch.Tensor) -> float:
+    """How far a pixel must stand out from the paper to be ink: MIN_CONTRAST, or 5 times the
+    paper's grain (its pixel-to-pixel noise) if that is more."""
     ## Neighbours' differences cancel slow light; strokes' edges are too few to move the median.
     ## 1.4826 x median(|d|) is a standard deviation, and d has sqrt(2) times a pixel's noise.
     steps = x.flatten().diff().abs()
-    return 1.4826 * float(steps.median()) / math.sqrt(2) if steps.numel() else 0.0
-
-
-def ink_cut(x: torch.Tensor) -> float:
-    """How far a pixel must stand out from the paper to be ink: max(MIN_CONTRAST, 5 * grain(x))."""
-    ## A shortcut: grain() needs a median (slow), and it matters only above MIN_CONTRAST / 5. If
-    ## over half the steps lie at or below 0.9 times the step where it would matter (one count;
-    ## torch's median is the lower middle value), the answer is MIN_CONTRAST (0.9: no rounding).
-    steps = x.flatten().diff().abs()
-    level = 0.9 * (MIN_CONTRAST / 5) * math.sqrt(2) / 1.4826  # 5 * grain = 0.9 x MIN_CONTRAST
-    if int((steps <= level).sum()) > (steps.numel() - 1) // 2:
-        return MIN_CONTRAST
-    return max(MIN_CONTRAST, 5 * grain(x))
+    grain = 1.4826 * float(steps.median()) / math.sqrt(2) if steps.numel() else 0.0
+    return max(MIN_CONTRAST, 5 * grain)
 
 
 def ink_map(x: torch.Tensor, dark_ink: bool, block: int) -> torch.Tensor:
@@ -677,12 +651,11 @@ def bounding_box(mask: torch.Tensor) -> tuple[int, int, int, int]:
 
 
 def fit(x: torch.Tensor, box: int) -> torch.Tensor:
-    """Resize so that the longer side is `box` pixels, keeping the aspect ratio."""
-    h, w = x.shape
-    scale = box / max(h, w)
-    size = (max(1, round(h * scale)), max(1, round(w * scale)))
-    mode = "area" if scale < 1 else "bilinear"  # area averaging when shrinking: no aliasing
-    return F.interpolate(x[None, None], size=size, mode=mode)[0, 0].clamp(0, 1)
+    """Resize so that the longer side is `box` pixels, keeping the aspect ratio; shrinking
+    averages areas (a thin stroke fades, where skipping pixels would lose it)."""
+    scale = box / max(x.shape)
+    size = (max(1, round(x.shape[0] * scale)), max(1, round(x.shape[1] * scale)))
+    return F.interpolate(x[None, None], size=size, mode="area" if scale < 1 else "bilinear")[0, 0]
 
 
 def stroke_width(mask: torch.Tensor) -> float:
