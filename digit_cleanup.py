@@ -530,12 +530,8 @@ def blobs(labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def components(mask: torch.Tensor) -> torch.Tensor:
     """Label 8-connected regions of a boolean mask: 0 = background, 1, 2, ... = regions."""
-    labels = torch.zeros(mask.shape, dtype=torch.long)
     if not mask.any():
-        return labels
-    ## Only the box around the True pixels needs the work below: on a photo, often a quarter.
-    top, bottom, left, right = bounding_box(mask)
-    mask = mask[top:bottom, left:right]
+        return torch.zeros(mask.shape, dtype=torch.long)
     h, w = mask.shape
     ## 1. Runs: the stretches of True pixels in each row (a stroke: a few per row, however long).
     steps = F.pad(mask.to(torch.int8), (1, 1)).diff(dim=1)  # +1: a run starts, -1: it ended
@@ -575,8 +571,7 @@ def components(mask: torch.Tensor) -> torch.Tensor:
     paint = torch.zeros(h * w + 1, dtype=torch.long)
     paint.index_add_(0, run_rows * w + run_firsts, number)
     paint.index_add_(0, run_rows * w + run_lasts + 1, -number)
-    labels[top:bottom, left:right] = paint[:-1].cumsum(0).view(h, w)
-    return labels
+    return paint[:-1].cumsum(0).view(h, w)
 
 
 def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
