@@ -99,8 +99,7 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
         img = ImageOps.exif_transpose(img)
     if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit or float grayscale
         x = torch.frombuffer(bytearray(img.convert("F").tobytes()), dtype=torch.float32)
-        x = x.view(img.height, img.width)
-        x = torch.where(x.isfinite(), x, 0.0)  # NaN or infinity: a damaged pixel, read as black
+        x = x.view(img.height, img.width).nan_to_num(0.0, 0.0, 0.0)  # NaN, inf: damaged, black
         ## The mode does not say the range (some 16-bit files hold 0..255, float ones 0..1 or a
         ## little over): the largest value decides.
         top = x.max()
@@ -452,9 +451,8 @@ def long_runs(mask: torch.Tensor, length: int) -> torch.Tensor:
     reach = (last - first + 1) + length // 2 * ((first == 0).long() + (last == w - 1).long())
     keep = reach >= length
     marks = torch.zeros(h, w + 1, dtype=torch.long)  # +1 where a kept run starts, -1 after it
-    marks.index_put_((rows[keep], first[keep]), torch.ones(int(keep.sum()), dtype=torch.long))
-    marks.index_put_((rows[keep], last[keep] + 1), -torch.ones(int(keep.sum()), dtype=torch.long),
-                     accumulate=True)
+    marks[rows[keep], first[keep]] = 1
+    marks[rows[keep], last[keep] + 1] = -1  # never a start: runs are a pixel apart at least
     return marks.cumsum(dim=1)[:, :w] > 0
 
 
@@ -481,14 +479,10 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     if count == 0:
         return mask
     area, top, bottom, left, right = blobs(labels)
-    ## Page edges, the table beyond: marks along much of a border count little (a cropped digit
-    ## touches it only where strokes end).
-    def contact(line: torch.Tensor) -> torch.Tensor:  # share of a border line on each blob
-        return torch.zeros(count + 1).index_add_(0, line, torch.ones(len(line))) / len(line)
-
-    edges = torch.stack([contact(line) for line in (labels[0], labels[-1], labels[:, 0],
-                                                     labels[:, -1])])
-    edge_share = edges.amax(dim=0)  # the most of any one border line that each blob covers
+    ## Page edges, the table beyond: a blob along much of a border line (edge_share: the most of
+    ## any one it covers) counts little; a cropped digit touches it only where strokes end.
+    edge_share = torch.stack([torch.bincount(line, minlength=count + 1) / len(line) for line in
+                              (labels[0], labels[-1], labels[:, 0], labels[:, -1])]).amax(dim=0)
     score = area * torch.where(edge_share > 0.4, 0.2, 1.0)
     score[0] = -1
     main = int(score.argmax())

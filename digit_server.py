@@ -5,11 +5,7 @@
 
 The page, draw_a_digit.html (nothing from the internet), POSTs each drawing or photo to /predict;
 this module (on http.server) answers in JSON what `python predict.py my_digit.png` would answer.
-
-The server is a door into your machine, so it opens little: it listens on 127.0.0.1 unless told
-otherwise, serves the page and nothing else from disk, answers only requests addressed to it by
-name (no DNS rebinding), refuses bodies over MAX_BODY unread, holds at most 4 uploads at once,
-classifies one picture at a time, and drops a client that has not sent its request in a minute.
+The server is a door into your machine, so it opens little: docs/what-can-go-wrong.md lists how.
 """
 
 import ipaddress
@@ -193,10 +189,9 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
 
 def host_allowed(header: str, host: str, port: int) -> bool:
     """Whether a request's Host header names this server, as it listens on host:port."""
-    ## DNS rebinding: a web page on another site can point a domain name it controls at
-    ## 127.0.0.1, and the browser then sends that name as the Host. Only the names this server
-    ## is known by pass. A server shared on the network (--host 0.0.0.0) is reached by its IP
-    ## addresses, which are safe: rebinding needs a name.
+    ## DNS rebinding: a page on another site can point a domain name it controls at 127.0.0.1, and
+    ## the browser then sends that name as the Host. Only this server's names pass, and the IP
+    ## addresses that a --host 0.0.0.0 server is reached by, which are safe: rebinding needs a name.
     if header.startswith("["):  # [::1]:8000
         name, _, rest = header[1:].partition("]")
         given_port = rest.removeprefix(":")

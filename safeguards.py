@@ -1,7 +1,6 @@
 """What keeps the scripts working in real use, out of the lesson's way; each piece is one call.
 
-Scripts import it, it imports common.py, never the reverse, and it knows no script's flags or
-files: the scripts hand them over.
+Scripts import it, it imports common.py, never the reverse; it knows no script's flags or files.
 """
 
 import argparse
@@ -163,8 +162,7 @@ def say(line: str, stream=None) -> None:
     shows them, so that no name prints as two lines or recolours the terminal."""
     if stream is sys.stderr and sys.stdout is not None:
         sys.stdout.flush()  # `> log.txt 2>&1`: the lines in the order they were said
-    print("".join(c if c.isprintable() else repr(c)[1:-1] for c in line),
-          file=stream or sys.stdout)
+    print("".join(c if c.isprintable() else repr(c)[1:-1] for c in line), file=stream or sys.stdout)
 
 
 def failure(err: Exception, expected: type, debug: bool, prefix: str) -> str:
@@ -286,8 +284,7 @@ def as_words(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
     """Settings as command-line words: ['--lr', '0.001', '--augment', '--hidden', '128', '64']."""
     words = []
     for name in names:
-        value = getattr(args, name)
-        if value is not None and value is not False:
+        if (value := getattr(args, name)) is not None and value is not False:
             words += [f"--{name.replace('_', '-')}", *map(str, value if isinstance(value, list)
                                                            else [] if value is True else [value])]
     return words
@@ -314,9 +311,8 @@ def load_training_state(run: RunFiles, args: argparse.Namespace, parser: argpars
             raise ValueError(f"unknown settings {' '.join(extra)}" if extra else
                              f"it has no {missing[0]!r} part")
     except (argparse.ArgumentError, KeyError, TypeError, ValueError) as err:
-        raise common.CheckpointError(f"{run.checkpoint} cannot be resumed: its training state "
-                                     f"is damaged ({err}): start a new run without --resume"
-                                     ) from None
+        raise common.CheckpointError(f"{run.checkpoint} cannot be resumed: its training state is "
+                                     f"damaged ({err}): start a new run without --resume") from None
     finally:
         parser.exit_on_error = True
     given = {a.dest for a in parser._actions for o in a.option_strings for word in
@@ -505,10 +501,9 @@ def reduce_metrics(train_loss: float, val_loss: float, val_acc: float, val_count
 
 
 def leave_distributed(wait: bool) -> None:
-    """Leave torchrun's process group; after the others (`wait`) when the run went well, as a
-    rank that leaves while another still works can bring the whole run down."""
+    """Leave torchrun's process group; after the others (`wait`) when the run went well."""
     if distributed():
-        if wait:
+        if wait:  # a rank that leaves while another still works can bring the whole run down
             torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
