@@ -83,24 +83,20 @@ def main(argv: list[str] | None = None) -> int:
     add("--lr", type=positive(float), default=1e-3, help="peak learning rate, after warmup")
     add("--warmup-epochs", type=float, default=1.0, help="epochs in which the rate climbs to --lr")
     add("--clip-grad", type=positive(float), default=1.0, help="max gradient norm")
-    add("--samples", type=positive(int), default=8000, help="training samples")
+    add("--samples", type=number_from(4, 2**31 - 1), default=8000, help="training samples")
     add("--input-dim", type=positive(int), default=20, help="numbers per sample")
     add("--hidden-dim", type=positive(int), default=64, help="units of the hidden layer")
-    add("--num-classes", type=int, default=4, help="classes to tell apart")
+    add("--num-classes", type=number_from(2, 2**31 - 1), default=4, help="classes to tell apart")
     ## 0: batches are made in this process: rows of a tensor in memory need no worker processes.
     add("--num-workers", type=number_from(0, 64), default=0, help="DataLoader worker processes")
     add("--device", default="auto", help="auto, cpu, cuda, mps, xpu")
     add("--seed", type=number_from(0, 2**32 - 1), default=0, help="same seed, same run")
     args = parser.parse_args(argv)
-    if args.samples < 4:  # a quarter of --samples is the validation set
-        parser.error("--samples must be at least 4")
     if not 0 <= args.warmup_epochs <= args.epochs:
         parser.error(f"--warmup-epochs must be from 0 to --epochs ({args.epochs})")
     if args.warmup_epochs == args.epochs:
         print(f"note: the warmup takes all {args.epochs} epochs, so the learning rate only climbs "
               "and never decays: give more --epochs than --warmup-epochs for the cosine part")
-    if args.num_classes < 2:
-        parser.error("--num-classes must be at least 2")
     try:
         device = common.get_device(args.device)
     except ValueError as err:
