@@ -242,9 +242,7 @@ def is_a_dot(mask: torch.Tensor) -> bool:
     length = max(bottom - top, right - left)
     if length < 12:  # too few pixels: the outline would be most of the ink, no verdict
         return False
-    ## A 1-px margin of paper all round: stroke_width() sees no outline along an edge without it.
-    box = F.pad(mask[top:bottom, left:right].float(), (1, 1, 1, 1))
-    return length / stroke_width(box) < DOT_LENGTH
+    return length / stroke_width(mask[top:bottom, left:right]) < DOT_LENGTH
 
 
 def dark_holes_filled(mask: torch.Tensor, gray: torch.Tensor, dark_ink: bool) -> torch.Tensor:
@@ -586,9 +584,8 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
         return resized.clamp(0, 1), scale
     ## Shrinking averages cells of pixels. A line thinner than MNIST's usual range (a 1-px pen on
     ## a big canvas) would fade: each cell keeps its inkiest pixel, and mnist_strokes() widens it.
-    top, bottom, left, right = box  # the strokes' width as in the DIGIT_BOX, paper all round:
-    width = (stroke_width(F.pad(mask[top:bottom, left:right].float(), (1, 1, 1, 1)))
-             * DIGIT_BOX / max(bottom - top, right - left))
+    top, bottom, left, right = box  # the strokes' width as in the DIGIT_BOX:
+    width = stroke_width(mask[top:bottom, left:right]) * DIGIT_BOX / max(bottom - top, right - left)
     x = crop if not dark_ink else -crop  # ink is the maximum now
     shrunk = F.adaptive_max_pool2d if width < MNIST_WIDTHS[0] else F.adaptive_avg_pool2d
     resized = shrunk(x[None, None], out_size)[0, 0]
@@ -651,10 +648,8 @@ def stroke_width(mask: torch.Tensor) -> float:
     """Average stroke width in pixels: a stroke of width w and length L covers w x L pixels
     with an outline of about 2 x L, so w = area / (outline / 2). Outline pixels are ink too, so
     a line 1 or 2 px wide reads as 2: measure wider strokes (mnist_strokes works at 4x)."""
-    m = mask.float()
-    ## Pixels whose 8 neighbours are all ink. window_max pads with -inf, so beyond the edge counts
-    ## as ink: a mask needs a margin of paper for its outline to be seen there.
-    inner = -window_max(-m, 3)
+    m = F.pad(mask.float(), (1, 1, 1, 1))  # paper all round: strokes at an edge have an outline
+    inner = -window_max(-m, 3)  # the pixels whose 8 neighbours are all ink
     outline = (m - inner).sum()
     return float(2 * m.sum() / outline.clamp(min=1))
 

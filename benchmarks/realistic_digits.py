@@ -421,10 +421,10 @@ def correlations(cleaned: torch.Tensor, originals: torch.Tensor) -> torch.Tensor
 
 def width_at_4x(digit: torch.Tensor) -> float:
     """A 28x28 digit's stroke width as the clean-up measures it: at 4x, in the 80-px box, on
-    digit_cleanup.strokes() with a pixel of paper all round."""
+    digit_cleanup.strokes()."""
     top, bottom, left, right = digit_cleanup.bounding_box(digit > 0.5)
     big = digit_cleanup.fit(digit[top:bottom, left:right], digit_cleanup.DIGIT_BOX)
-    return digit_cleanup.stroke_width(F.pad(digit_cleanup.strokes(big), (1, 1, 1, 1)))
+    return digit_cleanup.stroke_width(digit_cleanup.strokes(big))
 
 
 def spread(values: torch.Tensor, digits: int = 2) -> str:
