@@ -156,7 +156,7 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
 ## PyTorch idioms: F.interpolate, F.*pool2d and F.pad (except with a constant) take batches [N, C,
 ## H, W]: x[None, None] adds those dimensions, [0, 0] removes them. window_max(x, k) is the maximum
 ## over each pixel's k x k neighbourhood, -window_max(-x, k) the minimum. unfold cuts a dimension
-## into windows; index_add_ and scatter_reduce gather values by label. A trailing _: in place.
+## into windows; bincount and scatter_reduce gather values by label. A trailing _: in place.
 
 
 def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
@@ -269,17 +269,14 @@ def digit_sized(left_out: torch.Tensor, digit: torch.Tensor) -> int:
     small_digit, _ = at_most(digit, 128)
     top, bottom, left, right = bounding_box(small_digit)
     height, ink = bottom - top, float(small_digit.sum())
-    labels = components(small)
-    area, tops, bottoms, lefts, rights = blobs(labels)
+    area, tops, bottoms, lefts, rights = blobs(components(small))
     bottoms, rights = bottoms + 1, rights + 1  # slice bounds, as bounding_box() gives them
-    h, w = labels.shape
+    h, w = small.shape
     away = (tops > 0) & (lefts > 0) & (bottoms < h) & (rights < w)
-    shared_rows = (torch.minimum(bottoms, torch.tensor(bottom))
-                   - torch.maximum(tops, torch.tensor(top))).clamp(min=0)
+    shared_rows = (bottoms.clamp(max=bottom) - tops.clamp(min=top)).clamp(min=0)
     beside = (rights <= left) | (lefts >= right)
     big = ((bottoms - tops >= height / 2) & (rights - lefts >= height / 4) & (area >= ink / 4)
-           & (shared_rows >= torch.minimum(bottoms - tops, torch.tensor(height)) / 2)
-           & beside & away)
+           & (shared_rows >= (bottoms - tops).clamp(max=height) / 2) & beside & away)
     return int(big[1:].sum())
 
 
@@ -342,8 +339,7 @@ def paper_level(x: torch.Tensor, block: int, dark_ink: bool | None = None) -> to
         ## thick stroke, the darkest of those puts a shadow's edge back.
         grid = top_quantile(cells, 0.9, dim=1).view(shape)
         grid = neighbours(neighbours(grid).amax(dim=-1)).amin(dim=-1)
-    full = F.interpolate(grid[None, None], size=padded.shape, mode="bilinear",
-                         align_corners=False)[0, 0][:h, :w]
+    full = F.interpolate(grid[None, None], size=padded.shape, mode="bilinear")[0, 0][:h, :w]
     return full if dark_ink is not False else 1 - full
 
 
@@ -385,9 +381,9 @@ def otsu_threshold(values: torch.Tensor) -> float:
     hist = torch.histc(values.flatten(), bins=64, min=0, max=1)
     centres = (torch.arange(64) + 0.5) / 64
     weight = hist.cumsum(0)  # pixels at or below each cut
-    mean_low = (hist * centres).cumsum(0) / weight.clamp(min=1)
-    mean_high = ((hist * centres).sum() - (hist * centres).cumsum(0)) / (
-        weight[-1] - weight).clamp(min=1)
+    mass = (hist * centres).cumsum(0)  # and the sum of their values
+    mean_low = mass / weight.clamp(min=1)
+    mean_high = ((hist * centres).sum() - mass) / (weight[-1] - weight).clamp(min=1)
     ## Both groups big and far apart: (pixels below) x (above) x (means' difference)^2, maximal.
     between = weight * (weight[-1] - weight) * (mean_low - mean_high) ** 2
     return float(centres[between.argmax()] + 0.5 / 64)
@@ -405,8 +401,7 @@ def grow(seeds: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     ## top of a 9's loop), and faint marks that touch none stay out.
     labels = components(allowed)
     seeded = torch.zeros(int(labels.max()) + 1, dtype=torch.bool)
-    seeded[labels[seeds & allowed]] = True
-    seeded[0] = False  # the background
+    seeded[labels[seeds & allowed]] = True  # allowed pixels: never label 0, the background
     return seeded[labels]
 
 
@@ -494,8 +489,7 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     k = int(size) // 32 * 2 + 1  # odd: the window that widens
     joined = components(window_max(small.float(), k) > 0)
     ## linked: the blobs inside the same widened region as the main blob
-    linked = torch.zeros(count + 1, dtype=torch.bool)
-    linked[labels[joined == joined[labels == main][0]].unique()] = True
+    linked = torch.bincount(labels[joined == joined[labels == main][0]], minlength=count + 1) > 0
     ## A piece stays if it has 5% of the main blob's area, or is linked, within half a digit (a
     ## chain of specks must not spread over the page); at the border, only if the digit is too.
     touches = edge_share > 0
@@ -511,7 +505,7 @@ def blobs(labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
     h, w = labels.shape
     count, flat = int(labels.max()) + 1, labels.flatten()
     ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    area = torch.zeros(count).index_add_(0, flat, torch.ones(h * w))
+    area = torch.bincount(flat, minlength=count).float()
 
     def extreme(coords: torch.Tensor, start: int, how: str) -> torch.Tensor:
         return torch.full((count,), start).scatter_reduce(0, flat, coords.flatten(), how)
@@ -547,8 +541,7 @@ def components(mask: torch.Tensor) -> torch.Tensor:
         while i < row_start[r + 1] and j < row_start[r + 2]:
             if first[j] <= last[i] + 1 and first[i] <= last[j] + 1:  # they touch
                 a, b = root(i), root(j)
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
+                parent[max(a, b)] = min(a, b)  # one region (already, if a == b)
             if last[i] < last[j]:  # the run that ends first cannot touch anything further
                 i += 1
             else:
@@ -556,10 +549,9 @@ def components(mask: torch.Tensor) -> torch.Tensor:
     ## 3. Number the regions 1, 2, ... in reading order, and paint the runs: on the pixels in
     ##    reading order (one extra slot at the end), +number where a run starts and -number just
     ##    after it ends; a running sum then gives each run's pixels its number, 0 between runs.
-    numbers, region_of_run = {}, []
-    for i in range(len(parent)):
-        region_of_run.append(numbers.setdefault(root(i), len(numbers) + 1))
-    number = torch.tensor(region_of_run)
+    numbers = {}  # each region's root run: its number
+    number = torch.tensor([numbers.setdefault(root(i), len(numbers) + 1)
+                           for i in range(len(parent))])
     paint = torch.zeros(h * w + 1, dtype=torch.long)
     paint.index_add_(0, run_rows * w + run_firsts, number)
     paint.index_add_(0, run_rows * w + run_lasts + 1, -number)
@@ -602,8 +594,7 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     big = F.pad(strokes(digit).float(), (12, 12, 12, 12))  # 1: stroke, 0: paper; room to grow
     width = stroke_width(big) * scale
     ## MNIST's usual widths stay; thinner strokes (a mouse's 1-px line) and thicker ones (a
-    ## marker) come to within a pixel of its median, a pixel a side at a time: the maximum over
-    ## each 3 x 3 neighbourhood spreads the ink, the minimum thins it.
+    ## marker) come to within a pixel of its median, spread or thinned a pixel a side at a time.
     if not MNIST_WIDTHS[0] <= width <= MNIST_WIDTHS[1]:
         sign = 1 if width < MNIST_WIDTH else -1  # -max(-x) is the minimum
         for _ in range(DIGIT_BOX):  # a bound only: a few steps reach the median
@@ -700,6 +691,6 @@ def top_quantile(x: torch.Tensor, q: float, dim: int = -1) -> torch.Tensor:
     rank = float(torch.tensor(q, dtype=x.dtype)) * (n - 1)
     below = int(rank)
     top = x.topk(n - below, dim=dim).values  # largest first: the last is the value at `below`
-    at_below = top.narrow(dim, n - below - 1, 1).squeeze(dim)
-    next_up = top.narrow(dim, max(0, n - below - 2), 1).squeeze(dim)
+    at_below = top.select(dim, n - below - 1)
+    next_up = top.select(dim, max(0, n - below - 2))
     return torch.lerp(at_below, next_up, torch.tensor(rank - below, dtype=x.dtype))
