@@ -161,9 +161,8 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
     return average
 
 
-def evaluate(model: nn.Module, loader: Iterable, criterion: nn.Module,
-             device: torch.device | str, *, amp_dtype: torch.dtype | None = None,
-             ) -> tuple[float, float]:
+def evaluate(model: nn.Module, loader: Iterable, criterion: nn.Module, device: torch.device | str,
+             *, amp_dtype: torch.dtype | None = None) -> tuple[float, float]:
     """Return (average loss per sample, accuracy) of `model` on `loader`, without training it."""
     device = torch.device(device)
     model.eval()  # Dropout off; BatchNorm uses its running statistics
@@ -198,8 +197,7 @@ class OutputError(Exception):
 
 def save_checkpoint(path: str | Path, model: nn.Module | dict, *, model_name: str, mean: float,
                     std: float, epoch: int, val_accuracy: float, **extra) -> None:
-    """Write the weights of `model` (or a state_dict) and what is needed to rebuild and use it
-    to `path`, all or nothing. `extra`: more plain values to keep with it."""
+    """Write `model`'s weights (or a state_dict) and the other arguments to `path`, whole."""
     if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
         model = model.module  # its state_dict's keys would start with "module."
     if isinstance(model, nn.Module):  # torch.compile(model) keeps the model in ._orig_mod
@@ -219,9 +217,8 @@ def save_checkpoint(path: str | Path, model: nn.Module | dict, *, model_name: st
 
 def write_atomically(path: str | Path, data: bytes) -> None:
     """Replace the file `path` by `data`: afterwards it holds the old bytes or the new, whole."""
-    ## A temporary file beside it, flushed to disk, then renamed over it: never half a file.
     real = Path(os.path.realpath(path))  # through a symlink: replace the file it points to
-    tmp = temporary_name(real)
+    tmp = temporary_name(real)  # a hidden file beside it, written first, then renamed over it
     try:
         if real.exists() and not real.is_file():  # a folder, /dev/null, a FIFO: never replaced
             raise OutputError(f"{path} is not a regular file, and will not be replaced")
@@ -394,8 +391,7 @@ class TensorLoader:
             raise ValueError(f"{len(inputs)} inputs but {len(targets)} targets")
         self.inputs, self.targets, self.batch_size = inputs, targets, batch_size
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
-        self.transform = transform  # (inputs, targets) -> (inputs, targets), e.g. augmentation
-        self.epoch = 0
+        self.transform, self.epoch = transform, 0  # transform: per batch, e.g. augmentation
 
     def set_epoch(self, epoch: int) -> None:
         """Shuffle with seed + epoch next time, as DistributedSampler.set_epoch does."""
