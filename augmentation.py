@@ -20,7 +20,8 @@ from torch.utils.data import default_collate
 
 def augment(images: torch.Tensor, labels: torch.Tensor,
             styles: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Randomly tilt, scale, shift, and thicken or thin the digits of a normalised batch."""
+    """Randomly tilt, scale, shift, and thicken or thin the digits of a normalised batch; with
+    styles=True (digits only), add_writing_styles() first marks some 1s, 7s and 9s."""
     ## People's digits lean, sit off-centre and come from other pens than MNIST's: training on
     ## such variations makes the model robust to them. (images, labels) in and out, like
     ## torchvision's v2.MixUp and v2.CutMix: run it before those, which make the labels mixtures.
@@ -134,7 +135,8 @@ def add_writing_styles(images: torch.Tensor, labels: torch.Tensor, p: float = 0.
 
 def images_to_draw_on(chosen: torch.Tensor) -> torch.Tensor | slice:
     """Which images to draw strokes on: the chosen ones (about 1 in 10) on a CPU, all on a GPU."""
-    ## A GPU draws all, then masks: picking them out would make the CPU wait for the GPU's count.
+    ## Drawing is most of the work: a CPU draws the chosen only. A GPU draws all, then masks:
+    ## picking them out would make the CPU wait for the GPU, which alone knows how many.
     return chosen.nonzero()[:, 0] if chosen.device.type == "cpu" else slice(None)  # nonzero: k x 1
 
 

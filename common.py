@@ -197,7 +197,8 @@ class OutputError(Exception):
 
 def save_checkpoint(path: str | Path, model: nn.Module | dict, *, model_name: str, mean: float,
                     std: float, epoch: int, val_accuracy: float, **extra) -> None:
-    """Write `model`'s weights (or a state_dict) and the other arguments to `path`, whole."""
+    """Write the weights of `model` (or a state_dict) and what is needed to rebuild and use it
+    to `path`, all or nothing. `extra`: more plain values to keep with it."""
     if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
         model = model.module  # its state_dict's keys would start with "module."
     if isinstance(model, nn.Module):  # torch.compile(model) keeps the model in ._orig_mod

@@ -93,13 +93,13 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
             raise ImageProblem(f"is {img.width} x {img.height} pixels: a strip too thin to "
                                "hold a digit")
         img = reduce_in_strips(img, factor)  # not a JPEG, or more than draft()'s 1/8 could do
-    ## Phones store "rotate me" in the EXIF data instead of rotating; damaged EXIF is ignored.
+    ## Phones store "rotate me" in the EXIF data instead of rotating; damaged EXIF: as stored.
     with contextlib.suppress(*DAMAGED_EXIF), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # Pillow's "Corrupt EXIF data"
         img = ImageOps.exif_transpose(img)
     if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit or float grayscale
         x = torch.frombuffer(bytearray(img.convert("F").tobytes()), dtype=torch.float32)
-        x = x.view(img.height, img.width).nan_to_num(0.0, 0.0, 0.0)  # NaN, inf: damaged, black
+        x = x.view(img.height, img.width).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # damaged
         ## The mode does not say the range (some 16-bit files hold 0..255, float ones 0..1 or a
         ## little over): the largest value decides.
         top = x.max()
@@ -134,7 +134,7 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
     for top in range(0, small.height * factor, rows):
         box = (0, top, small.width * factor, min(top + rows, small.height * factor))
         small.paste(img.crop(box).convert(mode).reduce(factor), (0, top // factor))
-    ## A new picture has no EXIF: carry over the "rotate me" tag (damaged: ignored, as above).
+    ## A new picture has no EXIF: carry over the "rotate me" tag for load_gray's exif_transpose.
     with contextlib.suppress(*DAMAGED_EXIF):
         small.getexif()[ExifTags.Base.Orientation] = img.getexif().get(ExifTags.Base.Orientation, 1)
     return small
@@ -273,7 +273,7 @@ def digit_sized(left_out: torch.Tensor, digit: torch.Tensor) -> int:
     bottoms, rights = bottoms + 1, rights + 1  # slice bounds, as bounding_box() gives them
     h, w = small.shape
     away = (tops > 0) & (lefts > 0) & (bottoms < h) & (rights < w)
-    shared_rows = (bottoms.clamp(max=bottom) - tops.clamp(min=top)).clamp(min=0)
+    shared_rows = (bottoms.clamp(max=bottom) - tops.clamp(min=top)).clamp(min=0)  # overlaps
     beside = (rights <= left) | (lefts >= right)
     big = ((bottoms - tops >= height / 2) & (rights - lefts >= height / 4) & (area >= ink / 4)
            & (shared_rows >= (bottoms - tops).clamp(max=height) / 2) & beside & away)
@@ -472,10 +472,11 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     if count == 0:
         return mask
     area, top, bottom, left, right = blobs(labels)
-    ## Page edges, the table beyond: a blob along much of a border line (edge_share: the most of
-    ## any one it covers) counts little; a cropped digit touches it only where strokes end.
-    edge_share = torch.stack([torch.bincount(line, minlength=count + 1) / len(line) for line in
-                              (labels[0], labels[-1], labels[:, 0], labels[:, -1])]).amax(dim=0)
+    ## Page edges, the table beyond: a blob covering much of a border line counts little (a
+    ## cropped digit touches the border only where strokes end). Each line's share per blob:
+    shares = [torch.bincount(line, minlength=count + 1) / len(line)
+              for line in (labels[0], labels[-1], labels[:, 0], labels[:, -1])]
+    edge_share = torch.stack(shares).amax(dim=0)  # the most of any one border line
     score = area * torch.where(edge_share > 0.4, 0.2, 1.0)
     score[0] = -1
     main = int(score.argmax())
@@ -488,7 +489,7 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     ## loop top as a row of dashes): widened by a 32nd of the digit's size, dashes touch.
     k = int(size) // 32 * 2 + 1  # odd: the window that widens
     joined = components(window_max(small.float(), k) > 0)
-    ## linked: the blobs inside the same widened region as the main blob
+    ## linked: the blobs with pixels (a count above 0) in the main blob's widened region
     linked = torch.bincount(labels[joined == joined[labels == main][0]], minlength=count + 1) > 0
     ## A piece stays if it has 5% of the main blob's area, or is linked, within half a digit (a
     ## chain of specks must not spread over the page); at the border, only if the digit is too.
@@ -594,7 +595,8 @@ def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
     big = F.pad(strokes(digit).float(), (12, 12, 12, 12))  # 1: stroke, 0: paper; room to grow
     width = stroke_width(big) * scale
     ## MNIST's usual widths stay; thinner strokes (a mouse's 1-px line) and thicker ones (a
-    ## marker) come to within a pixel of its median, spread or thinned a pixel a side at a time.
+    ## marker) come to within a pixel of its median, a pixel a side at a time: the maximum over
+    ## each 3 x 3 neighbourhood spreads the ink, the minimum thins it.
     if not MNIST_WIDTHS[0] <= width <= MNIST_WIDTHS[1]:
         sign = 1 if width < MNIST_WIDTH else -1  # -max(-x) is the minimum
         for _ in range(DIGIT_BOX):  # a bound only: a few steps reach the median

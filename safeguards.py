@@ -284,7 +284,8 @@ def as_words(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
     """Settings as command-line words: ['--lr', '0.001', '--augment', '--hidden', '128', '64']."""
     words = []
     for name in names:
-        if (value := getattr(args, name)) is not None and value is not False:
+        value = getattr(args, name)
+        if value is not None and value is not False:
             words += [f"--{name.replace('_', '-')}", *map(str, value if isinstance(value, list)
                                                            else [] if value is True else [value])]
     return words

@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--lr", type=positive(float), default=1e-3, help="peak learning rate, after warmup")
     add("--warmup-epochs", type=float, default=1.0, help="epochs in which the rate climbs to --lr")
     add("--clip-grad", type=positive(float), default=1.0, help="max gradient norm")
+    ## At least 4 samples, as a quarter as many again are drawn for validation (below).
     add("--samples", type=number_from(4, 2**31 - 1), default=8000, help="training samples")
     add("--input-dim", type=positive(int), default=20, help="numbers per sample")
     add("--hidden-dim", type=positive(int), default=64, help="units of the hidden layer")
