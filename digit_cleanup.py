@@ -687,8 +687,8 @@ def top_quantile(x: torch.Tensor, q: float, dim: int = -1) -> torch.Tensor:
     """x.quantile(q, dim) for a high q (0.9, 0.99) and an x without NaN: torch.quantile sorts all
     the values, topk finds the top (1 - q) only."""
     ## The quantile lies `rank` places up the sorted values, interpolated linearly between the
-    ## two around it; rank as torch.quantile computes it (q rounded to x's dtype, times n - 1 in
-    ## double), or the last bit would differ.
+    ## two around it; rank as PyTorch 2.14's torch.quantile computes it (q rounded to x's dtype,
+    ## times n - 1 in double), or the last bit would differ.
     n = x.shape[dim]
     rank = float(torch.tensor(q, dtype=x.dtype)) * (n - 1)
     below = int(rank)

@@ -468,7 +468,9 @@ def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
 
     dist = torch.distributed
     ## NCCL moves tensors from GPU to GPU (Windows has no NCCL); gloo works on CPU tensors.
-    dist.init_process_group("nccl" if device.type == "cuda" and sys.platform != "win32" else "gloo")
+    nccl = device.type == "cuda" and sys.platform != "win32"
+    ## device_id: this rank's GPU, told once here, or each collective guesses it (and warns).
+    dist.init_process_group("nccl" if nccl else "gloo", device_id=device if nccl else None)
     return dist.get_rank(), dist.get_world_size(), device
 
 

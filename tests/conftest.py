@@ -24,6 +24,10 @@ TINY_TRAIN, TINY_TEST = 800, 200
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+## The tests pin down what a CPU computes, and emulate a GPU where they need its answers. A real
+## GPU is hidden from them and from the scripts they start, so that --device auto is the CPU.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
 ## Started in the background by a shell without job control (`nohup python -m pytest &`),
 ## pytest inherits Ctrl-C (SIGINT) ignored, and so would every script the tests start: their
 ## Ctrl-C tests would fail or wait. With a handler of its own here (Python's usual one), the

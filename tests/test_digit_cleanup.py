@@ -805,9 +805,10 @@ def test_window_max_gives_the_numbers_max_pool2d_gives(height, width):
             -F.max_pool2d(-x[None, None], (height, width), 1, (height // 2, width // 2))[0, 0])
 
 
-def test_top_quantile_gives_the_numbers_torch_quantile_gives_to_the_last_bit():
-    ## torch.quantile's own arithmetic: an interpolation done another way (the rank in float32,
-    ## or a weight of exactly 0.5) differs from it in the last bit for about 1 input in 6 here.
+def test_top_quantile_gives_the_numbers_torch_quantile_gives():
+    ## To a few units in the last place, not bit for bit: torch.quantile's own arithmetic changed
+    ## (PyTorch 2.14 computes the rank in double, as top_quantile does; 2.11 in x's dtype). A rank
+    ## or weight off by one step is off by far more.
     g = torch.Generator().manual_seed(0)
     for i in range(300):
         shape = [(1,), (2,), (676,), (10_000,), (144, 169), (3, 40, 7)][i % 6]
@@ -815,7 +816,8 @@ def test_top_quantile_gives_the_numbers_torch_quantile_gives_to_the_last_bit():
         if i % 7 == 0:
             x = (x * 4).round() / 4  # many equal values
         q, dim = [0.9, 0.99, 0.5, 1.0, 0.0][i % 5], i % len(shape)
-        assert digit_cleanup.top_quantile(x, q, dim).equal(x.quantile(q, dim=dim)), (shape, q, dim)
+        top, expected = digit_cleanup.top_quantile(x, q, dim), x.quantile(q, dim=dim)
+        assert top.allclose(expected, rtol=4 * torch.finfo(x.dtype).eps, atol=0), (shape, q, dim)
 
 
 @pytest.mark.parametrize("noise", [0.0, 0.01, 0.05, 0.1])

@@ -943,20 +943,25 @@ def test_torchrun_on_a_mac_gpu_or_with_too_few_gpus_is_refused_before_any_work(
         safeguards.init_distributed(torch.device("cuda"))
 
 
-def test_windows_trains_on_gpus_with_gloo_and_without_libuv(monkeypatch):
+@pytest.mark.parametrize("platform, backend, device_id", [
+    ("linux", "nccl", torch.device("cuda", 0)), ("win32", "gloo", None)])  # Windows has no NCCL
+def test_gpus_train_with_nccl_told_their_gpu_and_on_windows_with_gloo_without_libuv(
+        monkeypatch, platform, backend, device_id):
     import torch.distributed as dist
 
     chosen = []
-    monkeypatch.setattr(safeguards.sys, "platform", "win32")
+    monkeypatch.setattr(safeguards.sys, "platform", platform)
     monkeypatch.delenv("USE_LIBUV", raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
-    monkeypatch.setattr(dist, "init_process_group", lambda backend: chosen.append(backend))
+    monkeypatch.setattr(dist, "init_process_group",
+                        lambda backend, device_id: chosen.append((backend, device_id)))
     monkeypatch.setattr(dist, "get_rank", lambda: 0)
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     under_torchrun(monkeypatch)
     assert safeguards.init_distributed(torch.device("cuda"))[2] == torch.device("cuda", 0)
-    assert chosen == ["gloo"] and os.environ["USE_LIBUV"] == "0"  # NCCL does not exist there
+    assert chosen == [(backend, device_id)]
+    assert os.environ.get("USE_LIBUV") == ("0" if platform == "win32" else None)
 
 
 @pytest.mark.parametrize("platform, cxx, message", [
