@@ -12,7 +12,6 @@ or evaluate alone into a file that starts with these imports:
 import contextlib
 import io
 import math
-import mimetypes
 import os
 import pickle
 import random
@@ -260,10 +259,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             zipped = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
     except OSError as err:  # a file this user may not read
         raise CheckpointError(f"{path} cannot be read: {err.strerror}") from None
-    if not zipped:
-        kind = mimetypes.guess_type(path.name)[0] or ""  # by its name: photo.png is image/png
-        raise CheckpointError(f"{path} is not a checkpoint saved by this repo" + (
-            f" (it looks like a {kind[6:].upper()} picture)" if kind[:6] == "image/" else ""))
+    if not zipped:  # a picture, say, given as the checkpoint
+        raise CheckpointError(f"{path} is not a checkpoint saved by this repo")
     try:
         with zipfile.ZipFile(path) as archive:  # its checksums, which torch.load does not check
             for part in archive.infolist():

@@ -41,8 +41,6 @@ def main(argv: list[str] | None = None) -> int:
                                                            args.top_k != 1):
         parser.error("give one or more pictures, or --serve to draw on a page (it takes no "
                      "pictures, --json, --save-input or --top-k: it shows all that itself)")
-    if args.checkpoint and args.model:
-        parser.error("give --model (for its default checkpoint) or --checkpoint, not both")
     path = args.checkpoint or Path("checkpoints") / f"mnist_{args.model or 'mlp'}.pt"
     try:
         device = common.get_device(args.device)
@@ -175,8 +173,9 @@ def build_parser() -> safeguards.ArgumentParser:
     parser = safeguards.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
     add("images", nargs="*", type=Path, help="picture files (PNG, JPEG, ...)")
-    add("--checkpoint", type=Path, help="mnist_train.py's (default: checkpoints/mnist_mlp.pt)")
-    add("--model", choices=sorted(common.MODELS), help="use checkpoints/mnist_<model>.pt")
+    which = parser.add_mutually_exclusive_group().add_argument  # one of the two, or neither
+    which("--checkpoint", type=Path, help="mnist_train.py's (default: checkpoints/mnist_mlp.pt)")
+    which("--model", choices=sorted(common.MODELS), help="use checkpoints/mnist_<model>.pt")
     add("--top-k", type=safeguards.number_from(1, 10), default=1,
         help="also show the next K-1 guesses (--json lists every class's probability)")
     add("--json", action="store_true", help="print a JSON list instead")

@@ -517,8 +517,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_the_code_never_runs(tmp
     ("bad.pt", b"this is a text file, not a checkpoint", "is not a checkpoint saved by this repo$"),
     ("bad.pt", pickle.dumps([1, 2, 3]), "is not a checkpoint saved by this repo$"),
     ("list.pt", "torch.save", "is a PyTorch file but not a checkpoint of this repo"),
-    ("digit.png", b"\x89PNG\r\n\x1a\n", r"not a checkpoint saved by this repo \(it looks like a "
-                                        r"PNG picture\)"),
+    ("digit.png", b"\x89PNG\r\n\x1a\n", "is not a checkpoint saved by this repo$"),
 ])
 def test_files_that_are_not_checkpoints_are_named_in_the_error(tmp_path, name, content, message):
     path = tmp_path / name
