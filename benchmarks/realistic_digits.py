@@ -258,6 +258,10 @@ def render(digit: torch.Tensor, scenario: str, rng: random.Random, g: torch.Gene
     ah, aw = alpha.shape
     pad = round(margin * height)
     h, w = ah + 2 * pad + rng.randint(0, pad + 1), aw + 2 * pad + rng.randint(0, pad + 1)
+    ## paint() shrinks a tiny picture to a square: in a round trip it is made square first, or
+    ## a narrow digit (a 1) comes back stretched sideways, bolder than the original.
+    if round_trip and scenario == "tiny":
+        h = w = max(h, w)
     top, left = rng.randint(0, h - ah), rng.randint(0, w - aw)
     full = torch.zeros(h, w)
     full[top:top + ah, left:left + aw] = alpha
