@@ -249,7 +249,6 @@ def temporary_name(path: Path) -> Path:
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
     """Read a checkpoint written by save_checkpoint, refusing anything that could run code."""
-    path = Path(path)
     if not os.path.isfile(path):  # os.path: a name too long to look up is no file, not an error
         raise CheckpointError(f"checkpoint {path} " + (
             "is a folder" if os.path.isdir(path) else "is not a regular file (a device, a pipe)"
@@ -357,14 +356,12 @@ def read_idx(path: str | Path) -> torch.Tensor:
         dims = magic[3] if len(magic) == 4 and magic[:3] == b"\x00\x00\x08" else 0
         header = f.read(4 * dims)
         shape = [int.from_bytes(header[i : i + 4], "big") for i in range(0, len(header), 4)]
-        if not 1 <= dims <= 3 or len(header) < 4 * dims or (
+        if not 1 <= dims <= 3 or len(header) < 4 * dims or not math.prod(shape) or (
                 os.fstat(f.fileno()).st_size != 4 + 4 * dims + math.prod(shape)):
             raise DataError(f"{path} is damaged or cut short (not the IDX file its name says). "
                             "Delete it, and its .gz if there is one, then run again.")
         data = bytearray(math.prod(shape))
         f.readinto(data)  # straight into the buffer the tensor will use: no second copy
-    if not data:  # torch.frombuffer refuses an empty buffer
-        return torch.zeros(shape, dtype=torch.uint8)
     return torch.frombuffer(data, dtype=torch.uint8).view(shape)
 
 

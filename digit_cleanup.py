@@ -38,6 +38,8 @@ MAX_ASPECT = 2.5  # wider than this times its height is a number or a word (MNIS
 ## (benchmarks/realistic_digits.py widths):
 MNIST_WIDTH = 8.0  # the median; strokes outside the usual range are brought to it
 MNIST_WIDTHS = (5.9, 11.2)  # the usual range: the 10th to the 90th percentile
+## What Pillow raises for EXIF data it cannot parse (a bad header, a truncated tag table).
+DAMAGED_EXIF = (OSError, SyntaxError, ValueError, TypeError)
 
 
 class ImageProblem(Exception):
@@ -119,10 +121,6 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
     return x.float().div_(255)
 
 
-## What Pillow raises for EXIF data it cannot parse (a bad header, a truncated tag table).
-DAMAGED_EXIF = (OSError, SyntaxError, ValueError, TypeError)
-
-
 def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
     """Shrink a decoded picture `factor` times by averaging, a strip at a time, so that memory
     holds the big picture and a small copy, never a second big one."""
@@ -152,7 +150,6 @@ def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
 ##   closing        max, then min, over neighbourhoods: a narrow low gap between high values
 ##                  fills; opening, min then max: high runs shorter than the neighbourhood vanish
 ##   components     the separate blobs of a mask: pixels that touch (8 neighbours) share one
-##   anti-aliasing  soft gray edges; shrinking without averaging turns thin lines into dashes
 ## PyTorch idioms: F.interpolate, F.*pool2d and F.pad (except with a constant) take batches [N, C,
 ## H, W]: x[None, None] adds those dimensions, [0, 0] removes them. window_max(x, k) is the maximum
 ## over each pixel's k x k neighbourhood, -window_max(-x, k) the minimum. unfold cuts a dimension
@@ -397,8 +394,7 @@ def ink_mask(ink: torch.Tensor) -> torch.Tensor:
 
 def grow(seeds: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """Grow `seeds` into the connected pixels of `allowed` ("hysteresis" thresholding)."""
-    ## A softened stroke fades in places: faint pixels join where they connect to clear ink (the
-    ## top of a 9's loop), and faint marks that touch none stay out.
+    ## A softened stroke fades in places (the top of a 9's loop); lone faint marks stay out.
     labels = components(allowed)
     seeded = torch.zeros(int(labels.max()) + 1, dtype=torch.bool)
     seeded[labels[seeds & allowed]] = True  # allowed pixels: never label 0, the background
@@ -456,11 +452,8 @@ def at_most(mask: torch.Tensor, size: int):
         return mask, lambda small: small
     shape = (max(1, round(mask.shape[0] * scale)), max(1, round(mask.shape[1] * scale)))
     small = F.adaptive_max_pool2d(mask.float()[None, None], shape)[0, 0] > 0
-
-    def restore(small: torch.Tensor) -> torch.Tensor:
-        return F.interpolate(small.float()[None, None], size=mask.shape, mode="nearest")[0, 0] > 0
-
-    return small, restore
+    return small, lambda small: F.interpolate(small.float()[None, None], size=mask.shape,
+                                              mode="nearest")[0, 0] > 0
 
 
 def keep_digit(mask: torch.Tensor) -> torch.Tensor:
@@ -517,8 +510,6 @@ def blobs(labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def components(mask: torch.Tensor) -> torch.Tensor:
     """Label 8-connected regions of a boolean mask: 0 = background, 1, 2, ... = regions."""
-    if not mask.any():
-        return torch.zeros(mask.shape, dtype=torch.long)
     h, w = mask.shape
     ## 1. Runs: the stretches of True pixels in each row (a stroke: a few per row, however long).
     steps = F.pad(mask.to(torch.int8), (1, 1)).diff(dim=1)  # +1: a run starts, -1: it ended
@@ -552,7 +543,7 @@ def components(mask: torch.Tensor) -> torch.Tensor:
     ##    after it ends; a running sum then gives each run's pixels its number, 0 between runs.
     numbers = {}  # each region's root run: its number
     number = torch.tensor([numbers.setdefault(root(i), len(numbers) + 1)
-                           for i in range(len(parent))])
+                           for i in range(len(parent))], dtype=torch.long)
     paint = torch.zeros(h * w + 1, dtype=torch.long)
     paint.index_add_(0, run_rows * w + run_firsts, number)
     paint.index_add_(0, run_rows * w + run_lasts + 1, -number)

@@ -75,16 +75,16 @@ def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
         reports.sanity_report(args.model, model, val_loader, criterion, device,
                               (train_idx, val_idx, test_idx), untrained=not run.resumed)
     ## torchrun: DDP's backward() averages the gradients of all ranks (docs/distributed.md)
-    train_model = safeguards.ddp(model, device) if world > 1 else model  # else: model itself
+    train_model = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     averaged = weight_average(model, optimizer, steps) if args.ema else None
     eval_model = model if averaged is None else averaged  # --ema: the average is judged, saved
     if args.compile:  # in place: training and evaluation run the compiled code
         model.compile()
-    run.track(safeguards.as_words(args, RUN_SETTINGS), model=model, optimizer=optimizer,
-              scaler=scaler, scheduler=scheduler, ema=averaged)  # what --resume saves
 
     # 5. training loop -------------------------------------------------------------------------
-    best_acc, best_epoch, best_weights, history = run.restore()  # --resume's, or a fresh start
+    best_acc, best_epoch, best_weights, history = run.begin(  # --resume's, or a fresh start
+        safeguards.as_words(args, RUN_SETTINGS), model=model, optimizer=optimizer,
+        scaler=scaler, scheduler=scheduler, ema=averaged)  # the state that --resume needs
     with reports.open_tensorboard(args.tensorboard if rank == 0 else None) as writer:
         for epoch in range(len(history) + 1, args.epochs + 1):  # --resume: from the next one
             start = time.perf_counter()
@@ -218,8 +218,7 @@ def classic_loader(args, dataset, batch_size, device, shuffle, augment, rank, wo
     options = dict(num_workers=args.num_workers, persistent_workers=args.num_workers > 0,
                    pin_memory=device.type == "cuda")
     if not shuffle:  # this rank's every world-th picture: each one counted once in all
-        return DataLoader(Subset(dataset, range(rank, len(dataset), world)), batch_size,
-                          **options)
+        return DataLoader(Subset(dataset, range(rank, len(dataset), world)), batch_size, **options)
     ## DistributedSampler: this rank's share of each epoch's shuffled order (without torchrun: all).
     sampler = DistributedSampler(dataset, world, rank, seed=args.seed)
     collate = partial(augmentation.collate_and_augment, styles=args.dataset == "mnist")

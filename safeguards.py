@@ -136,11 +136,9 @@ def check_output_dir(folder: str | Path) -> str | None:
 def expand_patterns(paths: list[Path]) -> list[Path]:
     """The paths, with patterns such as photos/*.jpg expanded where no shell did (Windows' cmd)."""
     found = []
-    for path in paths:
-        if os.path.exists(path) or not any(c in str(path) for c in "*?["):
-            found.append(path)
-        else:  # nothing matched: the path as it is, which "no such file" then names
-            found.extend(sorted(map(Path, glob.glob(str(path)))) or [path])
+    for path in paths:  # a file whose name looks like a pattern (photo[1].jpg) is that file
+        matches = [] if os.path.exists(path) else sorted(map(Path, glob.glob(str(path))))
+        found.extend(matches or [path])  # nothing matched: the path, which "no such file" names
     return found
 
 
@@ -235,10 +233,6 @@ class RunFiles:
         return {old: n for old, n in zip((self.checkpoint, self.csv, self.mistakes),
                                          (new.checkpoint, new.csv, new.mistakes)) if old in mine}
 
-    def track(self, settings: list[str], **objects) -> None:
-        """What --resume saves: the settings as command-line words, and objects' state_dict()."""
-        self.settings, self.objects = settings, objects
-
     def training_state(self, epoch: int, history: list) -> dict | None:
         """What --resume needs to go on after `epoch` as if never stopped (a dry run: none)."""
         return None if self.dry_run else {
@@ -246,8 +240,10 @@ class RunFiles:
             "rng": torch.get_rng_state(),
             **{name: thing.state_dict() for name, thing in self.objects.items() if thing}}
 
-    def restore(self) -> tuple[float, int, dict | None, list]:
-        """--resume: put the saved state back; return the best accuracy, epoch, weights, history."""
+    def begin(self, settings: list[str], **objects) -> tuple[float, int, dict | None, list]:
+        """Keep what --resume needs saved (the settings as command-line words, objects' state);
+        put a resumed run's back. Return the best accuracy, epoch, weights, history so far."""
+        self.settings, self.objects = settings, objects
         if not self.resumed:
             return -1.0, 0, None, []
         state = self.resumed["training"]
@@ -262,7 +258,7 @@ class RunFiles:
                                          "a new run without --resume") from None
         ## The CPU's random numbers (dropout, --augment), as if never interrupted. Under
         ## torchrun only rank 0's were saved, and each rank draws its own: they keep theirs.
-        if not distributed():
+        if "WORLD_SIZE" not in os.environ:  # not under torchrun
             torch.set_rng_state(state["rng"])
         return (self.resumed["val_accuracy"], self.resumed["epoch"], self.resumed["state_dict"],
                 state["history"])
@@ -474,19 +470,9 @@ def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
 def is_main_process() -> bool:
     """True in a plain run and on rank 0, also before the processes have joined."""
     return os.environ.get("RANK", "0") == "0"
-
-
-def ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """`model` in DistributedDataParallel (DDP): a step sees world x --batch-size pictures."""
-    return torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def reduce_metrics(train_loss: float, val_loss: float, val_acc: float, val_count: int,
@@ -505,7 +491,7 @@ def reduce_metrics(train_loss: float, val_loss: float, val_acc: float, val_count
 
 def leave_distributed(wait: bool) -> None:
     """Leave torchrun's process group; after the others (`wait`) when the run went well."""
-    if distributed():
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
         if wait:  # a rank that leaves while another still works can bring the whole run down
             torch.distributed.barrier()
         torch.distributed.destroy_process_group()

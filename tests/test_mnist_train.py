@@ -757,7 +757,7 @@ def test_the_average_starts_from_the_weights_that_ddp_gives_every_rank(tiny_mnis
                                                                        monkeypatch):
     ## Each rank draws its own random weights (seed + rank); wrapping in DDP then copies rank
     ## 0's into every rank's model, in place. Here a stand-in for DDP changes them that way.
-    def ddp_like(model, device):
+    def ddp_like(model):
         with torch.no_grad():
             for weight in model.parameters():
                 weight.add_(1.0)
@@ -771,7 +771,7 @@ def test_the_average_starts_from_the_weights_that_ddp_gives_every_rank(tiny_mnis
 
     monkeypatch.setattr(mnist_train, "weight_average",
                         lambda *a: averages.append(weight_average(*a)) or averages[-1])
-    monkeypatch.setattr(safeguards, "ddp", ddp_like)
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", ddp_like)
     monkeypatch.setattr(mnist_train, "setup", lambda args: (0, 2, torch.device("cpu")))
     monkeypatch.setattr(safeguards, "reduce_metrics", lambda *a: a[:3])
     monkeypatch.setattr(common, "train_one_epoch", first_epoch)
