@@ -14,7 +14,7 @@ What you should see (the MLP, in seconds; the README says how to read each line)
 
 train() is the lesson: 1. data -> 2. model -> 3. loss -> 4. optimizer -> 5. training loop ->
 6. final test; each step's details follow it. What keeps the script working in real use (bad
-paths, Ctrl-C, --resume, torchrun) is in safeguards.py.
+paths, Ctrl-C, --resume, joining torchrun's processes) is in safeguards.py.
 """
 
 import argparse
@@ -74,15 +74,15 @@ def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
     if rank == 0:  # what to look at first when training misbehaves
         reports.sanity_report(args.model, model, val_loader, criterion, device,
                               (train_idx, val_idx, test_idx), untrained=not run.resumed)
-    ## torchrun: DDP's backward() averages the gradients of all ranks (docs/distributed.md)
+    ## torchrun: under DDP, loss.backward() averages all ranks' gradients (docs/distributed.md)
     train_model = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     averaged = weight_average(model, optimizer, steps) if args.ema else None
     eval_model = model if averaged is None else averaged  # --ema: the average is judged, saved
-    if args.compile:  # in place: training and evaluation run the compiled code
+    if args.compile:  # in place: training, and evaluation without --ema, run the compiled code
         model.compile()
 
     # 5. training loop -------------------------------------------------------------------------
-    best_acc, best_epoch, best_weights, history = run.begin(  # --resume's, or a fresh start
+    best_acc, best_epoch, best_weights, history = run.begin(  # fresh: -1.0, 0, None, []
         safeguards.as_words(args, RUN_SETTINGS), model=model, optimizer=optimizer,
         scaler=scaler, scheduler=scheduler, ema=averaged)  # the state that --resume needs
     with reports.open_tensorboard(args.tensorboard if rank == 0 else None) as writer:

@@ -50,10 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model, checkpoint = common.load_model(path, device)
     except common.CheckpointError as err:
-        how = (f" --save-path {path} (with --model cnn for a CNN)" if args.checkpoint else
+        how = (f" --save-path {path}" if args.checkpoint else
                f" --model {args.model}" * (args.model not in (None, "mlp")))
+        cnn = " (for a CNN, add --model cnn)" * bool(args.checkpoint)  # the command comes last
         print(f"error: {err}." if os.path.exists(path) else f"error: checkpoint {path.resolve()} "
-              f"does not exist. Train one first: python mnist_train.py{how}", file=sys.stderr)
+              f"does not exist. Train one first{cnn}: python mnist_train.py{how}", file=sys.stderr)
         return 1
     if args.save_input and (problem := safeguards.check_output_dir(args.save_input)):
         parser.error(f"--save-input {args.save_input}: {problem}")
@@ -137,7 +138,7 @@ def class_names(checkpoint: dict) -> list[str]:
 
 
 def describe(checkpoint: dict, model: torch.nn.Module | None = None) -> str:
-    """'mlp 784-128-64-10, epoch 4, val acc 0.9718' (and the dataset, when not MNIST)."""
+    """'mlp 784-128-64-10, epoch 4, val acc 0.9720' (and the dataset, when not MNIST)."""
     name = checkpoint["model_name"]
     if isinstance(model, common.MLP):  # its layer sizes, from the layers themselves
         sizes = [m.out_features for m in model if isinstance(m, torch.nn.Linear)]
@@ -174,7 +175,7 @@ def build_parser() -> safeguards.ArgumentParser:
     add = parser.add_argument
     add("images", nargs="*", type=Path, help="picture files (PNG, JPEG, ...)")
     which = parser.add_mutually_exclusive_group().add_argument  # one of the two, or neither
-    which("--checkpoint", type=Path, help="mnist_train.py's (default: checkpoints/mnist_mlp.pt)")
+    which("--checkpoint", type=Path, help="from mnist_train.py (default: checkpoints/mnist_mlp.pt)")
     which("--model", choices=sorted(common.MODELS), help="use checkpoints/mnist_<model>.pt")
     add("--top-k", type=safeguards.number_from(1, 10), default=1,
         help="also show the next K-1 guesses (--json lists every class's probability)")

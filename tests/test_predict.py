@@ -325,8 +325,8 @@ def test_a_cnn_is_described_by_name_and_a_missing_given_checkpoint_says_how_to_m
                          "--save-input", str(tmp_path / "seen")]) == 1
     assert not (tmp_path / "seen").exists()  # nothing classified: no folder made for it
     assert capsys.readouterr().err.endswith(
-        f"Train one first: python mnist_train.py --save-path {tmp_path / 'mine.pt'} (with "
-        "--model cnn for a CNN)\n")
+        "Train one first (for a CNN, add --model cnn): python mnist_train.py --save-path "
+        f"{tmp_path / 'mine.pt'}\n")
 
 
 def test_save_input_into_the_pictures_own_folder_never_replaces_them(trained_checkpoint,
@@ -345,8 +345,8 @@ def test_save_input_into_the_pictures_own_folder_never_replaces_them(trained_che
 
 @pytest.mark.parametrize("checkpoint, message", [
     ("/dev/null", "checkpoint /dev/null is not a regular file (a device, a pipe)."),
-    ("x" * 300 + ".pt", "does not exist. Train one first: python mnist_train.py --save-path "
-                        + "x" * 300 + ".pt (with --model cnn for a CNN)"),  # over 255 characters
+    ("x" * 300 + ".pt", "does not exist. Train one first (for a CNN, add --model cnn): python "
+                        "mnist_train.py --save-path " + "x" * 300 + ".pt"),  # over 255 characters
 ])
 def test_a_checkpoint_path_that_is_no_file_says_what_it_is(tmp_path, capsys, checkpoint, message):
     if sys.platform == "win32":
