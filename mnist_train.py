@@ -68,7 +68,7 @@ def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
     optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr, device)
     steps = args.epochs * len(train_loader)  # optimizer steps in the whole run
     scheduler = make_schedule(args.schedule, optimizer, steps)  # None: a constant rate
-    ## What a real run adds around the loop; by default it changes nothing (skip it at first).
+    ## What real runs add (skip it at first); by default train_model and eval_model are model.
     amp_dtype = safeguards.amp_dtype(args.amp, device)  # --amp: 16-bit maths; None: float32
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
     if rank == 0:  # what to look at first when training misbehaves
