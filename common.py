@@ -339,10 +339,10 @@ def load_mnist(data_dir: str | Path, train: bool = True,
 
 def check_data(images: torch.Tensor, labels: torch.Tensor, files: list[Path]) -> None:
     """Refuse, once, where they are loaded (not per batch), what training cannot use."""
-    if images.dim() != 3 or images.shape[1:] != (28, 28) or not len(images) == len(labels) > 0:
+    if images.dim() != 3 or images.shape[1:] != (28, 28) or len(images) != len(labels):
         raise DataError(f"{files[0]} and {files[1]} hold {list(images.shape)} images and "
-                        f"{list(labels.shape)} labels, where N x 28 x 28 and N (N > 0) are "
-                        "expected: delete both, and their .gz files, then run again")
+                        f"{list(labels.shape)} labels, where N x 28 x 28 and N are expected: "
+                        "delete both, and their .gz files, then run again")
     if len(bad := ((labels < 0) | (labels > 9)).nonzero()):
         raise DataError(f"label {int(labels[bad[0]])} at position {int(bad[0])} of {files[1]} "
                         "is outside 0..9: class labels must be 0 to C-1 (remap 1..10 to 0..9; "
