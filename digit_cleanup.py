@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 import torch
 import torch.nn.functional as F
-from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 ## The clean-up's settings. Pillow warns of pictures over this many pixels as "decompression
 ## bombs" (small files that decode to gigabytes), which load_gray() refuses; its 89 MP is raised.
@@ -91,10 +91,13 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
     if img.mode == "LAB":  # a Lab TIFF (Photoshop): its L channel is the lightness, a gray
         img = img.getchannel("L")
     if (factor := math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))) > 1:
-        if min(img.size) < factor:  # reduced, it would have no rows (or columns) at all
-            raise ImageProblem(f"is {img.width} x {img.height} pixels: a strip too thin to "
-                               "hold a digit")
-        img = reduce_in_strips(img, factor)  # not a JPEG, or more than draft()'s 1/8 could do
+        ## Averaged over factor x factor blocks (not a JPEG, or beyond draft()'s 1/8). reduce()
+        ## cannot average palette indices, 1-bit or 16-bit pixels or a see-through colour key:
+        ## those are converted first.
+        if "transparency" in img.info or img.mode in ("P", "PA", "1") or img.mode.startswith("I;"):
+            img = img.convert("RGBA" if "transparency" in img.info or "P" in img.mode else
+                              "I" if img.mode.startswith("I") else "L")
+        img = img.reduce(factor)  # the last row and column of blocks may be partial
     ## Phones store "rotate me" in the EXIF data instead of rotating; damaged EXIF: as stored.
     with contextlib.suppress(*DAMAGED_EXIF), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # Pillow's "Corrupt EXIF data"
@@ -119,23 +122,6 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
                            "save it as PNG or JPEG") from None
     x = torch.frombuffer(bytearray(gray.tobytes()), dtype=torch.uint8).view(gray.height, gray.width)
     return x.float().div_(255)
-
-
-def reduce_in_strips(img: Image.Image, factor: int) -> Image.Image:
-    """Shrink a decoded picture `factor` times by averaging, a strip at a time, so that memory
-    holds the big picture and a small copy, never a second big one."""
-    ## Gray at once, except where load_gray still needs transparency (RGBA) or the full depth.
-    mode = ("RGBA" if "transparency" in img.info or img.mode in ("RGBA", "LA", "PA", "P") else
-            "F" if img.mode == "F" else "I" if img.mode.startswith("I") else "L")
-    small = Image.new(mode, (img.width // factor, img.height // factor))
-    rows = factor * 64  # a strip of the big picture: a few MB at most
-    for top in range(0, small.height * factor, rows):
-        box = (0, top, small.width * factor, min(top + rows, small.height * factor))
-        small.paste(img.crop(box).convert(mode).reduce(factor), (0, top // factor))
-    ## A new picture has no EXIF: carry over the "rotate me" tag for load_gray's exif_transpose.
-    with contextlib.suppress(*DAMAGED_EXIF):
-        small.getexif()[ExifTags.Base.Orientation] = img.getexif().get(ExifTags.Base.Orientation, 1)
-    return small
 
 
 # turning a picture into an MNIST digit -------------------------------------------------------
