@@ -44,16 +44,14 @@ def get_device(name: str = "auto") -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:1, mps or xpu"
-                         ) from None
+        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda, mps or xpu") from None
     if device.type == "cpu":  # one CPU device: "cpu:0" is the same, and torch.load refuses it
         return torch.device("cpu")
     count = torch.accelerator.device_count() if found and found.type == device.type else 0
     if (device.index or 0) >= count:  # the usual causes: a CPU-only PyTorch, or no driver
         build = "ROCm" if torch.version.hip else "CUDA" if torch.version.cuda else "the CPU only"
-        raise ValueError(f"device {name!r} is not available here ({count} {device.type} "
-                         f"devices); use 'cpu' or 'auto'. This PyTorch ({torch.__version__}) is "
-                         f"built for {build}; `nvidia-smi` shows whether a GPU is seen.")
+        raise ValueError(f"device {name!r} is not available here ({count} {device.type} devices; "
+                         f"this PyTorch is built for {build}): use 'cpu' or 'auto'")
     return device
 
 
@@ -155,8 +153,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
         raise ValueError("the training loader produced no batches: is the dataset empty?")
     if not math.isfinite(average := total.item() / seen):
         raise FloatingPointError(f"the training loss became {average} in epoch {epoch}: try a 10x"
-                                 " lower learning rate or gradient clipping, and check the inputs "
-                                 "for NaN or inf. The weights are likely ruined.")
+                                 " lower learning rate or clipping; check inputs for NaN or inf.")
     return average
 
 
@@ -172,9 +169,8 @@ def evaluate(model: nn.Module, loader: Iterable, criterion: nn.Module, device: t
             inputs, targets = inputs.to(device), targets.to(device)
             outputs = model(inputs)
             if outputs.dim() != 2 or targets.shape != outputs.shape[:1]:  # else argmax misleads
-                raise ValueError(f"evaluate() needs outputs of shape [batch, classes] and targets "
-                                 f"of class numbers [batch]; got {list(outputs.shape)} and "
-                                 f"{list(targets.shape)}")
+                raise ValueError(f"evaluate() needs outputs [batch, classes] and class numbers "
+                                 f"[batch], not {list(outputs.shape)} and {list(targets.shape)}")
             total_loss += criterion(outputs, targets).float() * len(targets)
             correct += (outputs.argmax(dim=1) == targets).sum()  # the largest logit is the guess
             seen += len(targets)
@@ -250,9 +246,8 @@ def temporary_name(path: Path) -> Path:
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
     """Read a checkpoint written by save_checkpoint, refusing anything that could run code."""
     if not os.path.isfile(path):  # os.path: a name too long to look up is no file, not an error
-        raise CheckpointError(f"checkpoint {path} " + (
-            "is a folder" if os.path.isdir(path) else "is not a regular file (a device, a pipe)"
-            if os.path.exists(path) else "does not exist"))
+        raise CheckpointError(f"checkpoint {path} " + ("is not a regular file (a folder, a device, "
+                              "a pipe)" if os.path.exists(path) else "does not exist"))
     try:
         with open(path, "rb") as f:
             zipped = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive

@@ -77,8 +77,7 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
             img.load()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise ImageProblem(f"is refused: over {Image.MAX_IMAGE_PIXELS // 1_000_000} megapixels, "
-                           "too many to decode safely (a small file can decode to gigabytes)"
-                           ) from None
+                           "too many to decode safely") from None
     except UnidentifiedImageError:
         raise ImageProblem("is not an image Pillow can read (PNG, JPEG, BMP, GIF, TIFF, "
                            "WebP...)") from None

@@ -228,9 +228,8 @@ def run(host: str, port: int, answer: Callable[[bytes], dict], about: dict,
         if isinstance(err, FileNotFoundError):  # the page
             print(f"error: {err}", file=sys.stderr)
         elif err.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
-            print(f"error: port {port} on {host} is already in use, by another program or another "
-                  "server of this page: pass --port with another number, such as "
-                  f"--port {port + 1 if port < 65535 else 8001}", file=sys.stderr)
+            print(f"error: port {port} on {host} is already in use (by another program, or this "
+                  f"page): pass --port {port + 1 if port < 65535 else 8001}", file=sys.stderr)
         else:  # a host name that does not resolve, an address not on this machine
             print(f"error: cannot listen on {host} port {port}: {err.strerror or err}. Check "
                   "--host (127.0.0.1 for this machine only).", file=sys.stderr)

@@ -422,9 +422,8 @@ def resume(args: argparse.Namespace, parser, argv: list[str] | None,
                          f"{saved.epochs} epochs, so it cannot go on to {args.epochs}; leave "
                          "--epochs out, or start a new run")
     if args.epochs <= done:
-        raise UsageError(f"--resume: this run has trained {done} epochs already"
-                         + (f", all {done} of its --epochs" if args.epochs == done else "")
-                         + f"; pass --epochs with more than {done} to go on")
+        raise UsageError(f"--resume: this run has trained {done} epochs already; pass --epochs "
+                         f"with more than {done} to go on")
     if safeguards.is_main_process():
         print(f"resuming {run.checkpoint}: epochs {done + 1} to {args.epochs}")
 

@@ -59,9 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_input and (problem := safeguards.check_output_dir(args.save_input)):
         parser.error(f"--save-input {args.save_input}: {problem}")
     if checkpoint.get("dataset", "mnist") != "mnist":
-        print(f"note: {path} was trained on {checkpoint['dataset']}, not on handwritten digits, "
-              "so each picture is only scaled to 28x28 gray (and inverted when its background "
-              "is light), without the digit clean-up", file=sys.stderr)
+        print(f"note: {path} was trained on {checkpoint['dataset']}, not digits: pictures are "
+              "only scaled to 28x28, light on dark, without the digit clean-up", file=sys.stderr)
     if args.serve:  # the page sends each picture through read_and_classify(), as below
         import digit_server
 

@@ -348,8 +348,7 @@ def download_mnist(data_dir: str | Path, dataset: str) -> None:
         if (folder / "train-images-idx3-ubyte").exists():
             root = folder.parent.parent if folder.name == "raw" else folder.parent
             raise common.DataError(f"{dataset} is not in {raw}/, but its files are in {folder}/: "
-                                   f"give {root} as the data folder, the one that holds "
-                                   f"{dataset}/raw/.")
+                                   f"give {root} as the data folder (it holds {dataset}/raw/)")
     new, timeout = [f for f in (raw, *raw.parents) if not f.exists()], socket.getdefaulttimeout()
     socket.setdefaulttimeout(30)  # a blocked network fails after 30 s instead of hanging
     try:
@@ -446,15 +445,13 @@ def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
     if "WORLD_SIZE" not in os.environ:  # a plain `python script.py`
         return 0, 1, device
     if device.type == "mps":
-        raise UsageError("torchrun cannot use Apple's GPU (mps): PyTorch's only backend there, "
-                         "gloo, handles CPU tensors only. Add --device cpu to train in several "
-                         "processes on the CPU, or run without torchrun to use the GPU")
+        raise UsageError("torchrun cannot use Apple's GPU (mps), as gloo takes CPU tensors only: "
+                         "add --device cpu, or run without torchrun to use the GPU")
     if device.type == "cuda":  # one GPU per process: local rank k uses GPU k
         local_rank, count = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
         if local_rank >= count:
-            raise UsageError(f"this process is local rank {local_rank}, but this machine has "
-                             f"{count} GPU(s): give torchrun --nproc_per_node={count} (at most "
-                             "one process per GPU), or --device cpu")
+            raise UsageError(f"local rank {local_rank} has no GPU: this machine has {count} "
+                             f"GPU(s); give torchrun --nproc_per_node={count}, or --device cpu")
         torch.cuda.set_device(device := torch.device("cuda", local_rank))
     if sys.platform == "win32":  # PyTorch there lacks libuv, which gloo wants (docs/distributed.md)
         os.environ.setdefault("USE_LIBUV", "0")
@@ -509,9 +506,8 @@ def amp_dtype(choice: str | None, device: torch.device) -> torch.dtype | None:
         ## (T4, V100, RTX 20xx: slower than float32), and about the current GPU, not `device`.
         choice = "bf16" if torch.cuda.get_device_capability(device) >= (8, 0) else "fp16"
     if choice == "fp16" and device.type == "mps":  # float16 needs a GradScaler
-        raise UsageError("--amp fp16 on mps: float16 training needs a GradScaler, which "
-                         "PyTorch's MPS backend does not support reliably; use --amp bf16 "
-                         "(macOS 14 or later)")
+        raise UsageError("--amp fp16 on mps: float16 needs a GradScaler, which MPS does not "
+                         "support reliably; use --amp bf16 (macOS 14 or later)")
     return {"auto": torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16,
             None: None}[choice]  # "auto" left: a CPU, or Apple's or Intel's GPU
 

@@ -243,9 +243,8 @@ def test_a_port_in_use_is_one_line_and_exit_code_2(trained_checkpoint, capsys):
         assert predict.main(["--serve", "--port", str(port), "--checkpoint",
                              str(trained_checkpoint)]) == 2
     err = capsys.readouterr().err
-    assert err == (f"error: port {port} on 127.0.0.1 is already in use, by another program or "
-                   f"another server of this page: pass --port with another number, such as "
-                   f"--port {port + 1}\n")
+    assert err == (f"error: port {port} on 127.0.0.1 is already in use (by another program, or "
+                   f"this page): pass --port {port + 1}\n")
 
 
 def test_a_missing_checkpoint_is_reported_before_anything_is_served(tmp_path, capsys):
