@@ -50,15 +50,15 @@ def get_device(name: str = "auto") -> torch.device:
     count = torch.accelerator.device_count() if found and found.type == device.type else 0
     if (device.index or 0) >= count:  # the usual causes: a CPU-only PyTorch, or no driver
         build = "ROCm" if torch.version.hip else "CUDA" if torch.version.cuda else "the CPU only"
-        raise ValueError(f"device {name!r} is not available here ({count} {device.type} devices; "
-                         f"this PyTorch is built for {build}): use 'cpu' or 'auto'")
+        raise ValueError(f"device {name!r} is not available ({count} {device.type} devices; this "
+                         f"PyTorch is built for {build}; nvidia-smi lists GPUs): use cpu or auto")
     return device
 
 
 # models ---------------------------------------------------------------------------------------
 ## A model is an nn.Module: __init__ creates its layers, whose weights model.parameters() then
-## finds and model.to(device) moves, and forward() runs them. Each layer starts uniformly
-## within +-1/sqrt(its inputs), which suits small networks.
+## finds and model.to(device) moves, and forward() runs them (an nn.Sequential's own: in order).
+## Each layer starts uniformly within +-1/sqrt(its inputs), which suits small networks.
 class MLP(nn.Sequential):
     """Fully connected network for 1x28x28 images, 784-128-64-10 by default; returns logits."""
 
@@ -246,8 +246,8 @@ def temporary_name(path: Path) -> Path:
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
     """Read a checkpoint written by save_checkpoint, refusing anything that could run code."""
     if not os.path.isfile(path):  # os.path: a name too long to look up is no file, not an error
-        raise CheckpointError(f"checkpoint {path} " + ("is not a regular file (a folder, a device, "
-                              "a pipe)" if os.path.exists(path) else "does not exist"))
+        raise CheckpointError(f"checkpoint {path} " + ("is a folder, a device or a pipe, not a "
+                              ".pt file" if os.path.exists(path) else "does not exist"))
     try:
         with open(path, "rb") as f:
             zipped = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive

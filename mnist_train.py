@@ -95,7 +95,7 @@ def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
                 clip_grad=args.clip_grad, scheduler=scheduler, log=print if rank == 0 else None)
             val_loss, val_acc = common.evaluate(eval_model, val_loader, criterion, device,
                                                 amp_dtype=amp_dtype)
-            train_loss, val_loss, val_acc = safeguards.reduce_metrics(  # torchrun: all ranks'
+            train_loss, val_loss, val_acc = safeguards.reduce_metrics(  # as is without torchrun
                 train_loss, val_loss, val_acc, len(val_idx[rank::world]), world, device)
             ## Keep the weights that do best on validation data, not the last (later epochs can
             ## overfit), as a copy: state_dict() shares memory with weights that keep changing.
@@ -422,8 +422,8 @@ def resume(args: argparse.Namespace, parser, argv: list[str] | None,
                          f"{saved.epochs} epochs, so it cannot go on to {args.epochs}; leave "
                          "--epochs out, or start a new run")
     if args.epochs <= done:
-        raise UsageError(f"--resume: this run has trained {done} epochs already; pass --epochs "
-                         f"with more than {done} to go on")
+        raise UsageError(f"--resume: this run's last saved epoch is {done}; pass --epochs with "
+                         f"more than {done} to go on")
     if safeguards.is_main_process():
         print(f"resuming {run.checkpoint}: epochs {done + 1} to {args.epochs}")
 

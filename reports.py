@@ -155,9 +155,9 @@ def did_not_learn(best_acc: float, classes: int, lr: float, optimizer: str,
         rate = f"--clip-grad {clip_grad:g} is so small that every step is nearly 0: try 1.0"
     elif worst > 2 * start:
         rate = (f"the training loss reached {worst:.4g}, where an untrained model has ln({classes})"
-                f" = {start:.2f}: --lr {lr:g} is too high, try --lr {lr / 10:g}")
-    elif not low <= lr <= high:
-        way, better = ("higher", lr / 10) if lr > high else ("lower", lr * 10)
+                f" = {start:.2f}: --lr {lr:g} is too high, try --lr {min(lr / 10, high):g}")
+    elif not low <= lr <= high:  # 10x closer to the usual range, and never outside it
+        way, better = ("higher", min(lr / 10, high)) if lr > high else ("lower", max(lr * 10, low))
         rate = f"--lr {lr:g} is {way} than {usual}: try --lr {better:g}"
     else:
         rate = (f"--lr {lr:g}: if the loss jumped, try --lr {lr / 10:g}; if it barely fell, "

@@ -561,10 +561,10 @@ def test_a_finished_run_can_be_resumed_for_more_epochs(tiny_mnist, tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--epochs", "2"], "--resume: this run has trained 2 epochs already; pass --epochs with "
-                        "more than 2 to go on"),
-    (["--epochs", "1"], "--resume: this run has trained 2 epochs already; pass --epochs with "
-                        "more than 2 to go on"),
+    (["--epochs", "2"], "--resume: this run's last saved epoch is 2; pass --epochs with more "
+                        "than 2 to go on"),
+    (["--epochs", "1"], "--resume: this run's last saved epoch is 2; pass --epochs with more "
+                        "than 2 to go on"),
     (["--epochs", "4", "--lr", "0.01"], "--resume: this run was started with --lr 0.001, not "
                                         "with --lr 0.01; leave --lr out to go on with it"),
     (["--epochs", "4", "--hidden", "128", "64"], "--resume: this run was started without "
@@ -590,7 +590,7 @@ def test_a_scheduled_run_resumes_only_over_the_epochs_its_schedule_was_planned_f
     capsys.readouterr()
     for flags, message in [(["--epochs", "4"], "this run's warmup-cosine learning rate was "
                                                "planned over 2 epochs, so it cannot go on to 4"),
-                           ([], "this run has trained 2 epochs already; pass --epochs")]:
+                           ([], "this run's last saved epoch is 2; pass --epochs")]:
         with pytest.raises(SystemExit) as exit_:
             train(tiny_mnist, tmp_path / "a.pt", "--resume", *flags)
         assert exit_.value.code == 2 and message in capsys.readouterr().err
@@ -863,10 +863,10 @@ def test_a_run_that_stayed_at_chance_ends_with_the_checks_to_make(tmp_path, caps
     ## --lr 10 on MNIST: epoch 1's loss explodes, the later ones settle near ln(10)
     (10.0, "adam", [240639.2, 730.2, 2.90], None,
      "the training loss reached 2.406e+05, where an untrained model has ln(10) = 2.30: --lr 10 "
-     "is too high, try --lr 1"),
-    (0.5, "adam", [2.40], None, "--lr 0.5 is higher than Adam's usual 1e-4 to 1e-2: try --lr 0.05"),
+     "is too high, try --lr 0.01"),
+    (0.5, "adam", [2.40], None, "--lr 0.5 is higher than Adam's usual 1e-4 to 1e-2: try --lr 0.01"),
     (1e-7, "adam", [2.32], None, "--lr 1e-07 is lower than Adam's usual 1e-4 to 1e-2: try "
-                                 "--lr 1e-06"),
+                                 "--lr 0.0001"),
     (1e-4, "sgd", [2.31], None, "--lr 0.0001 is lower than SGD's usual 1e-3 to 1e-1: try --lr "
                                 "0.001"),
     ## A usual rate, and a loss at ln(10): the labels, say. Either way is possible.

@@ -344,7 +344,7 @@ def test_save_input_into_the_pictures_own_folder_never_replaces_them(trained_che
 
 
 @pytest.mark.parametrize("checkpoint, message", [
-    ("/dev/null", "checkpoint /dev/null is not a regular file (a folder, a device, a pipe)."),
+    ("/dev/null", "checkpoint /dev/null is a folder, a device or a pipe, not a .pt file."),
     ("x" * 300 + ".pt", "does not exist. Train one first (for a CNN, add --model cnn): python "
                         "mnist_train.py --save-path " + "x" * 300 + ".pt"),  # over 255 characters
 ])
