@@ -414,6 +414,10 @@ def resume(args: argparse.Namespace, parser, argv: list[str] | None,
     """--resume: take the run's settings, and check that it can go on."""
     if args.dry_run:
         raise UsageError("--resume goes on with a real run; a --dry-run has nothing to resume")
+    if not run.checkpoint.exists():
+        raise UsageError(f"--resume: there is no run to resume at {run.checkpoint}: it saved no "
+                         "epoch yet (start it again without --resume), or it was started with "
+                         "another --save-path (or --model or --dataset): give that one")
     saved = safeguards.load_training_state(run, args, parser, argv, RUN_SETTINGS,
                                            may_change=("epochs",))
     done = run.last_epoch

@@ -292,10 +292,6 @@ def load_training_state(run: RunFiles, args: argparse.Namespace, parser: argpars
                         may_change: tuple[str, ...] = ()) -> argparse.Namespace:
     """--resume: read run.checkpoint into run.resumed and its settings (`names`) into `args`, which
     must match those typed, except `may_change`; return the saved settings."""
-    if not run.checkpoint.exists():
-        raise UsageError(f"--resume: there is no run to resume at {run.checkpoint}: it saved no "
-                         "epoch yet (start it again without --resume), or it was started with "
-                         "another --save-path (or --model or --dataset): give that one")
     checkpoint = common.load_checkpoint(run.checkpoint)
     if not isinstance(state := checkpoint.get("training"), dict):
         raise UsageError(f"--resume: {run.checkpoint} holds no training state (a dry run's, or "
