@@ -99,7 +99,7 @@ def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
                 train_loss, val_loss, val_acc, len(val_idx[rank::world]), world, device)
             ## Keep the weights that do best on validation data, not the last (later epochs can
             ## overfit), as a copy: state_dict() shares memory with weights that keep changing.
-            if saved := val_acc > best_acc:
+            if saved := val_acc > best_acc:  # := also keeps the answer, for the epoch line
                 best_acc, best_epoch = val_acc, epoch
                 best_weights = {k: v.clone() for k, v in eval_model.state_dict().items()}
             if rank == 0:
