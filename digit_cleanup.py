@@ -94,8 +94,8 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
         ## cannot average palette indices, 1-bit or 16-bit pixels or a see-through colour key:
         ## those are converted first.
         if "transparency" in img.info or img.mode in ("P", "PA", "1") or img.mode.startswith("I;"):
-            img = img.convert("RGBA" if "transparency" in img.info or "P" in img.mode else
-                              "I" if img.mode.startswith("I") else "L")
+            img = img.convert("I" if img.mode.startswith("I") else "RGBA" if "transparency" in
+                              img.info or "P" in img.mode else "L")  # 16-bit: as read below
         img = img.reduce(factor)  # the last row and column of blocks may be partial
     ## Phones store "rotate me" in the EXIF data instead of rotating; damaged EXIF: as stored.
     with contextlib.suppress(*DAMAGED_EXIF), warnings.catch_warnings():

@@ -661,6 +661,16 @@ def test_a_huge_picture_is_reduced_as_it_is_read_and_keeps_its_digit(tmp_path, m
     assert (digit_of(reduced) - reference_digit()).abs().mean() < 0.05
 
 
+def test_a_huge_16_bit_picture_with_a_transparent_value_keeps_its_grays(tmp_path, monkeypatch):
+    ## A 16-bit gray is read by its values, as a small one is: RGBA would clip them to 8 bits.
+    path = save_in_mode(tmp_path, "I;16")
+    Image.open(path).save(path, transparency=12345)
+    full = digit_cleanup.load_gray(path)
+    monkeypatch.setattr(digit_cleanup, "MAX_PIXELS", 8_000)
+    expected = F.avg_pool2d(full[None, None, :219, :300], 3)[0, 0]
+    assert (digit_cleanup.load_gray(path)[:73] - expected).abs().max() < 0.02
+
+
 def test_a_huge_sideways_photo_is_still_turned_upright(tmp_path, monkeypatch):
     exif = Image.Exif()
     exif[0x0112] = 6  # "rotate 90 degrees clockwise"
