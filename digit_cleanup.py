@@ -90,7 +90,7 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
     if img.mode == "LAB":  # a Lab TIFF (Photoshop): its L channel is the lightness, a gray
         img = img.getchannel("L")
     if (factor := math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))) > 1:
-        ## Averaged over factor x factor blocks (not a JPEG, or beyond draft()'s 1/8). reduce()
+        ## Averaged over factor x factor blocks (for a JPEG, what draft() left to do). reduce()
         ## cannot average palette indices, 1-bit or 16-bit pixels or a see-through colour key:
         ## those are converted first.
         if "transparency" in img.info or img.mode in ("P", "PA", "1") or img.mode.startswith("I;"):
