@@ -8,8 +8,8 @@ A model only knows the kind of images it was trained on. MNIST digits are white 
 wide. preprocess() finds the digit on a small copy of the picture, cuts it out of the full
 picture, removes the paper (light, shadows, ruled lines, specks) and gives it MNIST's size,
 stroke width and position; a picture with no digit in it gets a warning instead. The file reads
-top to bottom: reading a picture, preprocess(), then its helpers. It needs torch and Pillow
-only: copy it whole. ("Mask", throughout: a boolean image, True where there is ink.)
+top to bottom: reading a picture, preprocess(), then its helpers in the order it calls them. It
+needs torch and Pillow only: copy it whole. ("Mask": a boolean image, True where there is ink.)
 """
 
 import contextlib
@@ -187,81 +187,6 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     return centre_by_mass(mnist_strokes(digit), 28), more_than_one_digit(mask, others)
 
 
-def more_than_one_digit(mask: torch.Tensor, others: int) -> str | None:
-    """A warning if the mask looks like a number or a word, or `others` more marks were left out."""
-    ## A digit's pieces share columns (a 5's bar above its belly): blobs overlapping in columns
-    ## merge. Groups side by side, each half the ink's height tall, a quarter of that wide, with a
-    ## quarter of the inkiest group's ink, are several characters.
-    top, bottom, left, right = bounding_box(mask)
-    height = bottom - top
-    if (right - left) > MAX_ASPECT * height:
-        return (f"the ink is {(right - left) / height:.1f} times wider than tall, wider than "
-                "any digit: a number or a word? This reads one digit per picture")
-    area, tops, bottoms, lefts, rights = blobs(components(mask))
-    pieces = sorted(zip(lefts[1:].tolist(), rights[1:].tolist(), tops[1:].tolist(),
-                         bottoms[1:].tolist(), area[1:].tolist()))  # one per blob, left first
-    merged = []  # [left, right, top, bottom, ink] of each group of overlapping blobs
-    for lf, r, t, b, ink in pieces:
-        if merged and lf <= merged[-1][1] + 0.1 * height:  # overlapping, or nearly touching
-            last = merged[-1]
-            last[1:] = [max(last[1], r), min(last[2], t), max(last[3], b), last[4] + ink]
-        else:
-            merged.append([lf, r, t, b, ink])
-    most_ink = max(column[4] for column in merged)
-    marks = others + sum(b + 1 - t >= height / 2 and r + 1 - lf >= height / 4
-                         and ink >= most_ink / 4 for lf, r, t, b, ink in merged)
-    if marks > 1:
-        return (f"{marks} digit-sized marks side by side: a number or a word? This reads one "
-                "digit per picture")
-    return None
-
-
-def is_a_dot(mask: torch.Tensor) -> bool:
-    """Whether the digit's ink is about as long as its strokes are wide: a dot, not a digit."""
-    ## A round dot of diameter D has a stroke_width() of D / 2: 2 widths long (up to 2.9 as pixels
-    ## draw it). MNIST's boldest digit is 3.5 widths long; DOT_LENGTH lies between.
-    top, bottom, left, right = bounding_box(mask)
-    length = max(bottom - top, right - left)
-    if length < 12:  # too few pixels: the outline would be most of the ink, no verdict
-        return False
-    return length / stroke_width(mask[top:bottom, left:right]) < DOT_LENGTH
-
-
-def dark_holes_filled(mask: torch.Tensor, gray: torch.Tensor, dark_ink: bool) -> torch.Tensor:
-    """The mask with its holes filled if they are dark like its ink: a solid blob made whole."""
-    ## paper_level() can take the inside of a wide blob for paper, leaving a ring, read as a 0; a
-    ## real 0's hole is as bright as the paper. Holes: not-ink that does not reach the edge.
-    outside = components(~mask)
-    edges = torch.cat([outside[0], outside[-1], outside[:, 0], outside[:, -1]]).unique()
-    holes = ~mask & ~torch.isin(outside, edges)
-    if not holes.any():
-        return mask
-    dark = 1 - gray if dark_ink else gray  # how inky each pixel looks, whichever the ink's side
-    ink, paper = float(dark[mask].mean()), float(dark[~mask & ~holes].mean())
-    return mask | holes if float(dark[holes].mean()) > (ink + paper) / 2 else mask
-
-
-def digit_sized(left_out: torch.Tensor, digit: torch.Tensor) -> int:
-    """How many marks of `left_out` stand beside the digit, about as big: other characters."""
-    ## A mark beside the digit on its line (half its rows shared), half its height, a quarter of
-    ## that wide, with a quarter of its ink, is a character; specks and marks at the border are not.
-    if not left_out.any():
-        return 0
-    small, _ = at_most(left_out, 128)  # the same scale for both, as keep_digit() works
-    small_digit, _ = at_most(digit, 128)
-    top, bottom, left, right = bounding_box(small_digit)
-    height, ink = bottom - top, float(small_digit.sum())
-    area, tops, bottoms, lefts, rights = blobs(components(small))
-    bottoms, rights = bottoms + 1, rights + 1  # slice bounds, as bounding_box() gives them
-    h, w = small.shape
-    away = (tops > 0) & (lefts > 0) & (bottoms < h) & (rights < w)
-    shared_rows = (bottoms.clamp(max=bottom) - tops.clamp(min=top)).clamp(min=0)  # overlaps
-    beside = (rights <= left) | (lefts >= right)
-    big = ((bottoms - tops >= height / 2) & (rights - lefts >= height / 4) & (area >= ink / 4)
-           & (shared_rows >= (bottoms - tops).clamp(max=height) / 2) & beside & away)
-    return int(big[1:].sum())
-
-
 def already_mnist(gray: torch.Tensor) -> bool:
     """True for a 28 x 28 white-on-black digit that fills about 20 x 20 and is centred by mass."""
     if gray.shape != (28, 28):
@@ -430,17 +355,6 @@ def long_runs(mask: torch.Tensor, length: int) -> torch.Tensor:
     return marks.cumsum(dim=1)[:, :w] > 0
 
 
-def at_most(mask: torch.Tensor, size: int):
-    """The mask at most `size` px across (no inked pixel lost), and a function to scale back."""
-    scale = size / max(mask.shape)
-    if scale >= 1:
-        return mask, lambda small: small
-    shape = (max(1, round(mask.shape[0] * scale)), max(1, round(mask.shape[1] * scale)))
-    small = F.adaptive_max_pool2d(mask.float()[None, None], shape)[0, 0] > 0
-    return small, lambda small: F.interpolate(small.float()[None, None], size=mask.shape,
-                                              mode="nearest")[0, 0] > 0
-
-
 def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     """Keep the digit's strokes: the main blob of ink and the pieces close to it."""
     ## Work on a copy at most 128 pixels across: enough to tell blobs apart, and fast.
@@ -476,6 +390,17 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
             & ~(touches & ~touches[main]))
     keep[0], keep[main] = False, True
     return mask & restore(keep[labels])
+
+
+def at_most(mask: torch.Tensor, size: int):
+    """The mask at most `size` px across (no inked pixel lost), and a function to scale back."""
+    scale = size / max(mask.shape)
+    if scale >= 1:
+        return mask, lambda small: small
+    shape = (max(1, round(mask.shape[0] * scale)), max(1, round(mask.shape[1] * scale)))
+    small = F.adaptive_max_pool2d(mask.float()[None, None], shape)[0, 0] > 0
+    return small, lambda small: F.interpolate(small.float()[None, None], size=mask.shape,
+                                              mode="nearest")[0, 0] > 0
 
 
 def blobs(labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -535,6 +460,27 @@ def components(mask: torch.Tensor) -> torch.Tensor:
     return paint[:-1].cumsum(0).view(h, w)
 
 
+def digit_sized(left_out: torch.Tensor, digit: torch.Tensor) -> int:
+    """How many marks of `left_out` stand beside the digit, about as big: other characters."""
+    ## A mark beside the digit on its line (half its rows shared), half its height, a quarter of
+    ## that wide, with a quarter of its ink, is a character; specks and marks at the border are not.
+    if not left_out.any():
+        return 0
+    small, _ = at_most(left_out, 128)  # the same scale for both, as keep_digit() works
+    small_digit, _ = at_most(digit, 128)
+    top, bottom, left, right = bounding_box(small_digit)
+    height, ink = bottom - top, float(small_digit.sum())
+    area, tops, bottoms, lefts, rights = blobs(components(small))
+    bottoms, rights = bottoms + 1, rights + 1  # slice bounds, as bounding_box() gives them
+    h, w = small.shape
+    away = (tops > 0) & (lefts > 0) & (bottoms < h) & (rights < w)
+    shared_rows = (bottoms.clamp(max=bottom) - tops.clamp(min=top)).clamp(min=0)  # overlaps
+    beside = (rights <= left) | (lefts >= right)
+    big = ((bottoms - tops >= height / 2) & (rights - lefts >= height / 4) & (area >= ink / 4)
+           & (shared_rows >= (bottoms - tops).clamp(max=height) / 2) & beside & away)
+    return int(big[1:].sum())
+
+
 def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
             dark_ink: bool) -> tuple[torch.Tensor, float]:
     """The digit that `mask` marks on a copy `factor` times smaller, cut out of `gray` with a
@@ -559,6 +505,31 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
     shrunk = F.adaptive_max_pool2d if width < MNIST_WIDTHS[0] else F.adaptive_avg_pool2d
     resized = shrunk(x[None, None], out_size)[0, 0]
     return (resized if not dark_ink else -resized).clamp(0, 1), scale
+
+
+def dark_holes_filled(mask: torch.Tensor, gray: torch.Tensor, dark_ink: bool) -> torch.Tensor:
+    """The mask with its holes filled if they are dark like its ink: a solid blob made whole."""
+    ## paper_level() can take the inside of a wide blob for paper, leaving a ring, read as a 0; a
+    ## real 0's hole is as bright as the paper. Holes: not-ink that does not reach the edge.
+    outside = components(~mask)
+    edges = torch.cat([outside[0], outside[-1], outside[:, 0], outside[:, -1]]).unique()
+    holes = ~mask & ~torch.isin(outside, edges)
+    if not holes.any():
+        return mask
+    dark = 1 - gray if dark_ink else gray  # how inky each pixel looks, whichever the ink's side
+    ink, paper = float(dark[mask].mean()), float(dark[~mask & ~holes].mean())
+    return mask | holes if float(dark[holes].mean()) > (ink + paper) / 2 else mask
+
+
+def is_a_dot(mask: torch.Tensor) -> bool:
+    """Whether the digit's ink is about as long as its strokes are wide: a dot, not a digit."""
+    ## A round dot of diameter D has a stroke_width() of D / 2: 2 widths long (up to 2.9 as pixels
+    ## draw it). MNIST's boldest digit is 3.5 widths long; DOT_LENGTH lies between.
+    top, bottom, left, right = bounding_box(mask)
+    length = max(bottom - top, right - left)
+    if length < 12:  # too few pixels: the outline would be most of the ink, no verdict
+        return False
+    return length / stroke_width(mask[top:bottom, left:right]) < DOT_LENGTH
 
 
 def mnist_strokes(digit: torch.Tensor) -> torch.Tensor:
@@ -597,22 +568,6 @@ def strokes(digit: torch.Tensor) -> torch.Tensor:
     return digit > 0.5 * top_quantile(digit.flatten(), 0.99).clamp(min=1e-3)
 
 
-def bounding_box(mask: torch.Tensor) -> tuple[int, int, int, int]:
-    """(top, bottom, left, right) of a mask's True pixels (at least one), as slice bounds:
-    mask[top:bottom, left:right] holds them all."""
-    rows = mask.any(dim=1).nonzero().flatten().tolist()
-    cols = mask.any(dim=0).nonzero().flatten().tolist()
-    return rows[0], rows[-1] + 1, cols[0], cols[-1] + 1
-
-
-def fit(x: torch.Tensor, box: int) -> torch.Tensor:
-    """Resize so that the longer side is `box` pixels, keeping the aspect ratio; shrinking
-    averages areas (a thin stroke fades, where skipping pixels would lose it)."""
-    scale = box / max(x.shape)
-    size = (max(1, round(x.shape[0] * scale)), max(1, round(x.shape[1] * scale)))
-    return F.interpolate(x[None, None], size=size, mode="area" if scale < 1 else "bilinear")[0, 0]
-
-
 def stroke_width(mask: torch.Tensor) -> float:
     """Average stroke width in pixels: a stroke of width w and length L covers w x L pixels
     with an outline of about 2 x L, so w = area / (outline / 2). Outline pixels are ink too, so
@@ -634,6 +589,51 @@ def centre_by_mass(digit: torch.Tensor, size: int) -> torch.Tensor:
     out = torch.zeros(size, size)
     out[top : top + h, left : left + w] = digit
     return out
+
+
+def more_than_one_digit(mask: torch.Tensor, others: int) -> str | None:
+    """A warning if the mask looks like a number or a word, or `others` more marks were left out."""
+    ## A digit's pieces share columns (a 5's bar above its belly): blobs overlapping in columns
+    ## merge. Groups side by side, each half the ink's height tall, a quarter of that wide, with a
+    ## quarter of the inkiest group's ink, are several characters.
+    top, bottom, left, right = bounding_box(mask)
+    height = bottom - top
+    if (right - left) > MAX_ASPECT * height:
+        return (f"the ink is {(right - left) / height:.1f} times wider than tall, wider than "
+                "any digit: a number or a word? This reads one digit per picture")
+    area, tops, bottoms, lefts, rights = blobs(components(mask))
+    pieces = sorted(zip(lefts[1:].tolist(), rights[1:].tolist(), tops[1:].tolist(),
+                         bottoms[1:].tolist(), area[1:].tolist()))  # one per blob, left first
+    merged = []  # [left, right, top, bottom, ink] of each group of overlapping blobs
+    for lf, r, t, b, ink in pieces:
+        if merged and lf <= merged[-1][1] + 0.1 * height:  # overlapping, or nearly touching
+            last = merged[-1]
+            last[1:] = [max(last[1], r), min(last[2], t), max(last[3], b), last[4] + ink]
+        else:
+            merged.append([lf, r, t, b, ink])
+    most_ink = max(column[4] for column in merged)
+    marks = others + sum(b + 1 - t >= height / 2 and r + 1 - lf >= height / 4
+                         and ink >= most_ink / 4 for lf, r, t, b, ink in merged)
+    if marks > 1:
+        return (f"{marks} digit-sized marks side by side: a number or a word? This reads one "
+                "digit per picture")
+    return None
+
+
+def bounding_box(mask: torch.Tensor) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) of a mask's True pixels (at least one), as slice bounds:
+    mask[top:bottom, left:right] holds them all."""
+    rows = mask.any(dim=1).nonzero().flatten().tolist()
+    cols = mask.any(dim=0).nonzero().flatten().tolist()
+    return rows[0], rows[-1] + 1, cols[0], cols[-1] + 1
+
+
+def fit(x: torch.Tensor, box: int) -> torch.Tensor:
+    """Resize so that the longer side is `box` pixels, keeping the aspect ratio; shrinking
+    averages areas (a thin stroke fades, where skipping pixels would lose it)."""
+    scale = box / max(x.shape)
+    size = (max(1, round(x.shape[0] * scale)), max(1, round(x.shape[1] * scale)))
+    return F.interpolate(x[None, None], size=size, mode="area" if scale < 1 else "bilinear")[0, 0]
 
 
 def plain_28x28(gray: torch.Tensor) -> torch.Tensor:
