@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 ## The clean-up's settings. Pillow warns of pictures over this many pixels as "decompression
-## bombs" (small files that decode to gigabytes), which load_gray() refuses; its 89 MP is raised.
+## bombs" (small files that decode to gigabytes), which load_gray() refuses: Pillow's own 89 MP
+## would refuse a 108-MP phone camera's photos.
 Image.MAX_IMAGE_PIXELS = 120_000_000
 MAX_PIXELS = 25_000_000  # bigger pictures are reduced to this as they are read (memory)
 OVERVIEW = 640  # the digit is looked for on a copy at most this many pixels across...
@@ -43,7 +44,7 @@ DAMAGED_EXIF = (OSError, SyntaxError, ValueError, TypeError)
 
 
 class ImageProblem(Exception):
-    """A picture that cannot be classified; reported for that file, then the next one is tried."""
+    """A picture that cannot be read or holds no digit; its message says why, in one line."""
 
 
 # reading a picture ---------------------------------------------------------------------------
@@ -91,17 +92,17 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
         img = img.getchannel("L")
     if (factor := math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))) > 1:
         ## Averaged over factor x factor blocks (for a JPEG, what draft() left to do). reduce()
-        ## cannot average palette indices, 1-bit or 16-bit pixels or a see-through colour key:
-        ## those are converted first.
-        if "transparency" in img.info or img.mode in ("P", "PA", "1") or img.mode.startswith("I;"):
-            img = img.convert("I" if img.mode.startswith("I") else "RGBA" if "transparency" in
-                              img.info or "P" in img.mode else "L")  # 16-bit: as read below
+        ## cannot average 16-bit, palette or 1-bit pixels, or a see-through colour key:
+        if img.mode.startswith("I"):
+            img = img.convert("I")  # 16-bit gray as 32-bit; a see-through key is ignored, as below
+        elif "transparency" in img.info or img.mode in ("P", "PA", "1"):
+            img = img.convert("RGBA" if "transparency" in img.info or "P" in img.mode else "L")
         img = img.reduce(factor)  # the last row and column of blocks may be partial
     ## Phones store "rotate me" in the EXIF data instead of rotating; damaged EXIF: as stored.
     with contextlib.suppress(*DAMAGED_EXIF), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # Pillow's "Corrupt EXIF data"
         img = ImageOps.exif_transpose(img)
-    if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit or float grayscale
+    if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16- or 32-bit or float gray
         x = torch.frombuffer(bytearray(img.convert("F").tobytes()), dtype=torch.float32)
         x = x.view(img.height, img.width).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # damaged
         ## The mode does not say the range (some 16-bit files hold 0..255, float ones 0..1 or a
@@ -158,7 +159,7 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     if already_mnist(gray):  # e.g. an MNIST test image: every step below would only blur it
         return gray.clamp(0, 1), None
     blank = torch.zeros(28, 28)
-    block = max(6, max(overview.shape) // 24)  # paper blocks wider than a stroke, not a shadow
+    block = max(6, max(overview.shape) // 24)  # blocks wider than a stroke, narrower than a shadow
     dark_ink, problem = ink_polarity(overview, block)
     if problem:
         return blank, problem
@@ -170,7 +171,7 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     ## 2. Ink and mask again on the digit alone, cut out of the full picture at DIGIT_BOX px:
     ##    a small digit is enlarged before any threshold is chosen, so thin strokes survive.
     crop, scale = cut_out(gray, mask, gray.shape[0] / overview.shape[0], dark_ink)
-    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)  # the paper measured in 13-px blocks
+    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)  # blocks a sixth of the digit: wider than strokes
     mask = keep_digit(ink_mask(ink))
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
@@ -181,7 +182,7 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
                        "small to be a digit")
     if is_a_dot(dark_holes_filled(mask, crop, dark_ink)):
         return blank, "no digit found: the ink is a dot, not a digit"
-    ## The strokes' ink alone. mnist_strokes() draws where it is at least half the pen's: a
+    ## 3. The strokes' ink alone. mnist_strokes() draws where it is at least half the pen's: a
     ## fainter joint, kept in the mask while the digit was found, is left out (as in MNIST's).
     digit = (ink * mask)[top:bottom, left:right]
     return centre_by_mass(mnist_strokes(digit), 28), more_than_one_digit(mask, others)
@@ -220,7 +221,8 @@ def ink_polarity(x: torch.Tensor, block: int) -> tuple[bool, str | None]:
     ## (a white-on-black drawing, a blackboard).
     border = torch.cat([x[0], x[-1], x[:, 0], x[:, -1]])
     light = lighter > darker and x.median() < 0.5 and border.median() < 0.5
-    if light and darker > 0:  # dark marks too: a shadow's lit side? Smaller blocks follow it
+    ## Dark marks too: is this "light ink" a shadow's lit side? Smaller blocks follow a shadow.
+    if light and darker > 0:
         residual = x - paper_level(x, block)
         light = (residual - cut).clamp(min=0).sum() > (-residual - cut).clamp(min=0).sum()
     return not light, None
@@ -237,8 +239,8 @@ def paper_level(x: torch.Tensor, block: int, dark_ink: bool | None = None) -> to
     cells = padded.unfold(0, b, b).unfold(1, b, b).reshape(-1, b * b)  # one row per block
     shape = (padded.shape[0] // b, padded.shape[1] // b)
     if dark_ink is None:
-        ## A block's median is the paper while ink covers under half of it; a block mostly ink
-        ## then takes the median of its 3 x 3 neighbours' medians.
+        ## A block's median is the paper while ink covers under half of it. Each block takes the
+        ## median of its 3 x 3 neighbours' medians: right too where the block is mostly ink.
         grid = neighbours(cells.median(dim=1).values.view(shape)).median(dim=-1).values
     else:
         ## The paper is each block's bright part (its 90th percentile: a noisy pixel can be
@@ -268,7 +270,6 @@ def ink_cut(x: torch.Tensor) -> float:
 
 def ink_map(x: torch.Tensor, dark_ink: bool, block: int) -> torch.Tensor:
     """How much ink each pixel holds, 0..1, scaled so that the pen's typical ink is 1."""
-    ## Against the paper under it: uneven light, shadows and coloured paper cancel out.
     paper = paper_level(x, block, dark_ink)
     if dark_ink:
         ink = (paper - x) / paper.clamp(min=0.1)  # a share of the paper: the same pen in dim light
@@ -298,7 +299,7 @@ def otsu_threshold(values: torch.Tensor) -> float:
 
 def ink_mask(ink: torch.Tensor) -> torch.Tensor:
     """Pixels of clear ink, and of faint ink that continues it, without ruled lines."""
-    mask = grow(ink > 0.55, ink > 0.4)  # faint pixels count where they continue a clear stroke
+    mask = grow(ink > 0.55, ink > 0.4)  # 1 is the pen's ink: clear is over half of it
     return mask & ~ruled_lines(mask)  # squared or lined paper
 
 
@@ -323,7 +324,7 @@ def ruled_lines(mask: torch.Tensor) -> torch.Tensor:
         ## such rows there is no ruled paper, as in most pictures.
         if int((m.mean(dim=1) > 0.6).sum()) < 2:
             continue
-        run = max(8, m.shape[1] // 5) | 1  # odd (| 1): an opening's window has a centre pixel
+        run = max(8, m.shape[1] // 5) | 1  # odd: a run at the edge needs over half of it
         smeared = window_max(m, 3, 1) > 0  # ink, or ink just above or below
         on_line = long_runs(smeared, run) & (m > 0)
         full_rows = on_line.float().mean(dim=1) > 0.6  # rows where a line spans the picture
@@ -462,8 +463,8 @@ def components(mask: torch.Tensor) -> torch.Tensor:
 
 def digit_sized(left_out: torch.Tensor, digit: torch.Tensor) -> int:
     """How many marks of `left_out` stand beside the digit, about as big: other characters."""
-    ## A mark beside the digit on its line (half its rows shared), half its height, a quarter of
-    ## that wide, with a quarter of its ink, is a character; specks and marks at the border are not.
+    ## A mark beside the digit on its line (half its rows shared), half the digit's height tall or
+    ## more, a quarter of it wide and a quarter of its ink, is a character (a speck is not).
     if not left_out.any():
         return 0
     small, _ = at_most(left_out, 128)  # the same scale for both, as keep_digit() works
@@ -473,7 +474,7 @@ def digit_sized(left_out: torch.Tensor, digit: torch.Tensor) -> int:
     area, tops, bottoms, lefts, rights = blobs(components(small))
     bottoms, rights = bottoms + 1, rights + 1  # slice bounds, as bounding_box() gives them
     h, w = small.shape
-    away = (tops > 0) & (lefts > 0) & (bottoms < h) & (rights < w)
+    away = (tops > 0) & (lefts > 0) & (bottoms < h) & (rights < w)  # border marks are not
     shared_rows = (bottoms.clamp(max=bottom) - tops.clamp(min=top)).clamp(min=0)  # overlaps
     beside = (rights <= left) | (lefts >= right)
     big = ((bottoms - tops >= height / 2) & (rights - lefts >= height / 4) & (area >= ink / 4)
@@ -499,7 +500,7 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
         return resized.clamp(0, 1), scale
     ## Shrinking averages cells of pixels. A line thinner than MNIST's usual range (a 1-px pen on
     ## a big canvas) would fade: each cell keeps its inkiest pixel, and mnist_strokes() widens it.
-    top, bottom, left, right = box  # the strokes' width as in the DIGIT_BOX:
+    top, bottom, left, right = box  # the mask's own box: its width as in the DIGIT_BOX
     width = stroke_width(mask[top:bottom, left:right]) * DIGIT_BOX / max(bottom - top, right - left)
     x = crop if not dark_ink else -crop  # ink is the maximum now
     shrunk = F.adaptive_max_pool2d if width < MNIST_WIDTHS[0] else F.adaptive_avg_pool2d
@@ -509,8 +510,8 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
 
 def dark_holes_filled(mask: torch.Tensor, gray: torch.Tensor, dark_ink: bool) -> torch.Tensor:
     """The mask with its holes filled if they are dark like its ink: a solid blob made whole."""
-    ## paper_level() can take the inside of a wide blob for paper, leaving a ring, read as a 0; a
-    ## real 0's hole is as bright as the paper. Holes: not-ink that does not reach the edge.
+    ## paper_level() can take a wide blob's inside for paper: the ring left passes is_a_dot() as
+    ## a 0. A real 0's hole is as bright as the paper. Holes: not-ink not reaching the edge.
     outside = components(~mask)
     edges = torch.cat([outside[0], outside[-1], outside[:, 0], outside[:, -1]]).unique()
     holes = ~mask & ~torch.isin(outside, edges)
@@ -594,8 +595,8 @@ def centre_by_mass(digit: torch.Tensor, size: int) -> torch.Tensor:
 def more_than_one_digit(mask: torch.Tensor, others: int) -> str | None:
     """A warning if the mask looks like a number or a word, or `others` more marks were left out."""
     ## A digit's pieces share columns (a 5's bar above its belly): blobs overlapping in columns
-    ## merge. Groups side by side, each half the ink's height tall, a quarter of that wide, with a
-    ## quarter of the inkiest group's ink, are several characters.
+    ## merge. Groups side by side, each at least half the ink's height tall, a quarter of it wide
+    ## and with a quarter of the inkiest group's ink, are several characters.
     top, bottom, left, right = bounding_box(mask)
     height = bottom - top
     if (right - left) > MAX_ASPECT * height:
@@ -662,9 +663,8 @@ def window_max(x: torch.Tensor, height: int, width: int | None = None) -> torch.
 def top_quantile(x: torch.Tensor, q: float, dim: int = -1) -> torch.Tensor:
     """x.quantile(q, dim) for a high q (0.9, 0.99) and an x without NaN: torch.quantile sorts all
     the values, topk finds the top (1 - q) only."""
-    ## The quantile lies `rank` places up the sorted values, interpolated linearly between the
-    ## two around it; rank as PyTorch 2.14's torch.quantile computes it (q rounded to x's dtype,
-    ## times n - 1 in double), or the last bit would differ.
+    ## The value `rank` places up the sorted values, interpolated between the two around it; rank
+    ## as torch.quantile computes it (q in x's dtype, times n - 1 in double), to the last bit.
     n = x.shape[dim]
     rank = float(torch.tensor(q, dtype=x.dtype)) * (n - 1)
     below = int(rank)
