@@ -30,8 +30,8 @@ MAX_PIXELS = 25_000_000  # bigger pictures are reduced to this as they are read 
 OVERVIEW = 640  # the digit is looked for on a copy at most this many pixels across...
 DIGIT_BOX = 80  # ...then cut out and scaled so its long side is this: MNIST's 20-px box, 4x
 MIN_CONTRAST = 0.08  # ink differs from the paper by this much (0..1) at the least
-## A digit is told by its span, its longer side, not its ink (MNIST's thinnest "1" is 1 px wide,
-## 19 tall), and it reads even at a third of MNIST's 20 px: ink spanning fewer is a speck.
+## A digit is told by its span, its longer side, not its ink (a thin "1" is 2 px wide, 20 tall),
+## and it reads even at a third of MNIST's 20 px: ink spanning fewer is a speck.
 SPECK_EXTENT = 6
 DOT_LENGTH = 3.2  # ink less than this many stroke widths long is a dot, not a digit: is_a_dot()
 MAX_ASPECT = 2.5  # wider than this times its height is a number or a word (MNIST's widest: 2.2)
@@ -525,7 +525,7 @@ def dark_holes_filled(mask: torch.Tensor, gray: torch.Tensor, dark_ink: bool) ->
 def is_a_dot(mask: torch.Tensor) -> bool:
     """Whether the digit's ink is about as long as its strokes are wide: a dot, not a digit."""
     ## A round dot of diameter D has a stroke_width() of D / 2: 2 widths long (up to 2.9 as pixels
-    ## draw it). MNIST's boldest digit is 3.5 widths long; DOT_LENGTH lies between.
+    ## draw it). MNIST's digits are longer, but for a few near-solid 0s.
     top, bottom, left, right = bounding_box(mask)
     length = max(bottom - top, right - left)
     if length < 12:  # too few pixels: the outline would be most of the ink, no verdict
