@@ -113,7 +113,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
                     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
                     log: Callable[[str], None] | None = print) -> float:
     """Train one pass over `loader`; return the mean loss per sample (criterion: a batch mean).
-    Per batch, in this order, the five steps: zero_grad, forward, loss, backward, step."""
+    Per batch, in this order: zero_grad, forward, loss, backward, step; then scheduler.step()."""
     device = torch.device(device)
     model.train()  # Dropout and BatchNorm behave as in training; evaluate() switches them back
     ## The loss summed over samples, and their count, so far; `logged`: both at the last log.
@@ -140,7 +140,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
             scaler.step(optimizer)  # skipped if a gradient overflowed
             scaler.update()
         if scheduler is not None:
-            scheduler.step()  # per batch: warmup + cosine moves the rate a little each step
+            scheduler.step()  # per batch, for warmup + cosine; not for StepLR, which counts epochs
         ## A per-sample sum (batch mean x size), kept on the device: .item() would make the CPU
         ## wait for the GPU. detach(): the graph behind the loss can be freed.
         total.add_(loss.detach(), alpha=len(targets))

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-## The clean-up's settings. Pillow warns of pictures over this many pixels as "decompression
-## bombs" (small files that decode to gigabytes), which load_gray() refuses: Pillow's own 89 MP
-## would refuse a 108-MP phone camera's photos.
+## The clean-up's settings. Pillow warns of pictures over this many pixels, in the whole program,
+## as "decompression bombs" (small files that decode to gigabytes), which load_gray() refuses:
+## Pillow's own 89 MP would refuse a 108-MP phone camera's photos.
 Image.MAX_IMAGE_PIXELS = 120_000_000
 MAX_PIXELS = 25_000_000  # bigger pictures are reduced to this as they are read (memory)
 OVERVIEW = 640  # the digit is looked for on a copy at most this many pixels across...

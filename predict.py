@@ -16,7 +16,7 @@ What you should see: the model that answers, then one line per picture:
 A first week's last script: load the checkpoint, clean up the picture, classify. A model knows
 only the kind of pictures it was trained on, MNIST's white digits on black, 20 x 20 pixels in a
 28 x 28 frame: digit_cleanup.py first turns any picture into one (or warns that it holds none,
-or several). read_and_classify() and classify() are the part to copy.
+or several). read_and_classify(), classify() and class_names() are the part to copy.
 """
 
 import io
