@@ -368,7 +368,7 @@ def normalize_images(images: torch.Tensor, mean: float, std: float,
 
 
 class TensorLoader:
-    """Mini-batches cut from tensors in memory, used like a DataLoader; `seed` sets the order."""
+    """Mini-batches cut from tensors in memory, used like a DataLoader; shuffled by seed + epoch."""
 
     ## A DataLoader calls dataset[i] once per sample and collates: flexible, but slow for a small
     ## model; data that fit in memory, as MNIST does, need one indexing per batch. Under torchrun

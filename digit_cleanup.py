@@ -7,8 +7,8 @@ A model only knows the kind of images it was trained on. MNIST digits are white 
 20x20 pixels inside a 28x28 frame, centred by their centre of mass, with strokes about 2 pixels
 wide. preprocess() finds the digit on a small copy of the picture, cuts it out of the full
 picture, removes the paper (light, shadows, ruled lines, specks) and gives it MNIST's size,
-stroke width and position; a picture with no digit in it gets a warning instead. The file reads
-top to bottom: reading a picture, preprocess(), then its helpers in the order it calls them. It
+stroke width and position; a picture with no digit in it gets a warning instead. Top to bottom:
+reading a picture, preprocess(), its helpers in the order it calls them, then small tools. It
 needs torch and Pillow only: copy it whole. ("Mask": a boolean image, True where there is ink.)
 """
 
@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 ## The clean-up's settings. Pillow warns of pictures over this many pixels, in the whole program,
-## as "decompression bombs" (small files that decode to gigabytes), which load_gray() refuses:
-## Pillow's own 89 MP would refuse a 108-MP phone camera's photos.
+## as "decompression bombs" (small files that decode to gigabytes), and load_gray() refuses them:
+## at Pillow's own 89 MP, a 108-MP phone camera's photos would be refused.
 Image.MAX_IMAGE_PIXELS = 120_000_000
 MAX_PIXELS = 25_000_000  # bigger pictures are reduced to this as they are read (memory)
 OVERVIEW = 640  # the digit is looked for on a copy at most this many pixels across...
@@ -34,7 +34,7 @@ MIN_CONTRAST = 0.08  # ink differs from the paper by this much (0..1) at the lea
 ## and it reads even at a third of MNIST's 20 px: ink spanning fewer is a speck.
 SPECK_EXTENT = 6
 DOT_LENGTH = 3.2  # ink less than this many stroke widths long is a dot, not a digit: is_a_dot()
-MAX_ASPECT = 2.5  # wider than this times its height is a number or a word (MNIST's widest: 2.2)
+MAX_ASPECT = 2.5  # wider than this times its height is a number or a word (MNIST's widest: 2.5)
 ## MNIST's stroke widths, of strokes() in the DIGIT_BOX (4x), on its 60,000 training digits
 ## (benchmarks/realistic_digits.py widths):
 MNIST_WIDTH = 8.0  # the median; strokes outside the usual range are brought to it
@@ -44,7 +44,7 @@ DAMAGED_EXIF = (OSError, SyntaxError, ValueError, TypeError)
 
 
 class ImageProblem(Exception):
-    """A picture that cannot be read or holds no digit; its message says why, in one line."""
+    """A picture that cannot be read (missing, damaged, too small...); the message says why."""
 
 
 # reading a picture ---------------------------------------------------------------------------
@@ -93,9 +93,9 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
     if (factor := math.ceil(math.sqrt(img.width * img.height / MAX_PIXELS))) > 1:
         ## Averaged over factor x factor blocks (for a JPEG, what draft() left to do). reduce()
         ## cannot average 16-bit, palette or 1-bit pixels, or a see-through colour key:
-        if img.mode.startswith("I"):
-            img = img.convert("I")  # 16-bit gray as 32-bit; a see-through key is ignored, as below
-        elif "transparency" in img.info or img.mode in ("P", "PA", "1"):
+        if img.mode.startswith("I;"):
+            img = img.convert("I")  # 16-bit gray as 32-bit, read as such below (key ignored)
+        elif img.mode != "I" and ("transparency" in img.info or img.mode in ("P", "PA", "1")):
             img = img.convert("RGBA" if "transparency" in img.info or "P" in img.mode else "L")
         img = img.reduce(factor)  # the last row and column of blocks may be partial
     ## Phones store "rotate me" in the EXIF data instead of rotating; damaged EXIF: as stored.
@@ -150,8 +150,8 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
              f"(as load_gray gives), not {gray.dtype} of shape {list(gray.shape)}")
     if gray.dim() != 2 or not gray.is_floating_point() or gray.numel() == 0:
         raise ValueError(wrong)
-    ## 1. On a small copy (the picture itself when small): is the ink darker or lighter than the
-    ##    paper, and where is the digit?
+    ## 2. (Step 1 was load_gray's.) On a small copy (the picture itself when small): is the ink
+    ##    darker or lighter than the paper, and where is the digit?
     overview = fit(gray, OVERVIEW) if max(gray.shape) > OVERVIEW else gray
     low, high = torch.aminmax(overview)  # cheap on the small copy; 0..255 values stay far above 1
     if not 0 <= low <= high <= 1:
@@ -168,10 +168,10 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
     others = digit_sized(marks & ~mask, mask)  # how many marks left out are digit-sized
-    ## 2. Ink and mask again on the digit alone, cut out of the full picture at DIGIT_BOX px:
+    ## 3. Ink and mask again on the digit alone, cut out of the full picture at DIGIT_BOX px:
     ##    a small digit is enlarged before any threshold is chosen, so thin strokes survive.
     crop, scale = cut_out(gray, mask, gray.shape[0] / overview.shape[0], dark_ink)
-    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)  # blocks a sixth of the digit: wider than strokes
+    ink = ink_map(crop, dark_ink, DIGIT_BOX // 6)  # a sixth of the digit, wider than most strokes
     mask = keep_digit(ink_mask(ink))
     if not mask.any():
         return blank, "no digit found: nothing stands out from the paper"
@@ -182,7 +182,7 @@ def preprocess(gray: torch.Tensor) -> tuple[torch.Tensor, str | None]:
                        "small to be a digit")
     if is_a_dot(dark_holes_filled(mask, crop, dark_ink)):
         return blank, "no digit found: the ink is a dot, not a digit"
-    ## 3. The strokes' ink alone. mnist_strokes() draws where it is at least half the pen's: a
+    ## 4. The strokes' ink alone. mnist_strokes() draws where it is at least half the pen's: a
     ## fainter joint, kept in the mask while the digit was found, is left out (as in MNIST's).
     digit = (ink * mask)[top:bottom, left:right]
     return centre_by_mass(mnist_strokes(digit), 28), more_than_one_digit(mask, others)
@@ -240,7 +240,7 @@ def paper_level(x: torch.Tensor, block: int, dark_ink: bool | None = None) -> to
     shape = (padded.shape[0] // b, padded.shape[1] // b)
     if dark_ink is None:
         ## A block's median is the paper while ink covers under half of it. Each block takes the
-        ## median of its 3 x 3 neighbours' medians: right too where the block is mostly ink.
+        ## median of its 3 x 3 neighbours' medians: right too for a block mostly ink among paper.
         grid = neighbours(cells.median(dim=1).values.view(shape)).median(dim=-1).values
     else:
         ## The paper is each block's bright part (its 90th percentile: a noisy pixel can be
@@ -299,7 +299,7 @@ def otsu_threshold(values: torch.Tensor) -> float:
 
 def ink_mask(ink: torch.Tensor) -> torch.Tensor:
     """Pixels of clear ink, and of faint ink that continues it, without ruled lines."""
-    mask = grow(ink > 0.55, ink > 0.4)  # 1 is the pen's ink: clear is over half of it
+    mask = grow(ink > 0.55, ink > 0.4)  # 1 is the pen's ink: clear ink, a little over half
     return mask & ~ruled_lines(mask)  # squared or lined paper
 
 
@@ -500,7 +500,7 @@ def cut_out(gray: torch.Tensor, mask: torch.Tensor, factor: float,
         return resized.clamp(0, 1), scale
     ## Shrinking averages cells of pixels. A line thinner than MNIST's usual range (a 1-px pen on
     ## a big canvas) would fade: each cell keeps its inkiest pixel, and mnist_strokes() widens it.
-    top, bottom, left, right = box  # the mask's own box: its width as in the DIGIT_BOX
+    top, bottom, left, right = box  # on the mask's own box: the strokes' width in the DIGIT_BOX
     width = stroke_width(mask[top:bottom, left:right]) * DIGIT_BOX / max(bottom - top, right - left)
     x = crop if not dark_ink else -crop  # ink is the maximum now
     shrunk = F.adaptive_max_pool2d if width < MNIST_WIDTHS[0] else F.adaptive_avg_pool2d
@@ -525,7 +525,7 @@ def dark_holes_filled(mask: torch.Tensor, gray: torch.Tensor, dark_ink: bool) ->
 def is_a_dot(mask: torch.Tensor) -> bool:
     """Whether the digit's ink is about as long as its strokes are wide: a dot, not a digit."""
     ## A round dot of diameter D has a stroke_width() of D / 2: 2 widths long (up to 2.9 as pixels
-    ## draw it). MNIST's digits are longer, but for a few near-solid 0s.
+    ## draw it). MNIST's digits are longer, but for a few near-solid blobs.
     top, bottom, left, right = bounding_box(mask)
     length = max(bottom - top, right - left)
     if length < 12:  # too few pixels: the outline would be most of the ink, no verdict
@@ -664,7 +664,7 @@ def top_quantile(x: torch.Tensor, q: float, dim: int = -1) -> torch.Tensor:
     """x.quantile(q, dim) for a high q (0.9, 0.99) and an x without NaN: torch.quantile sorts all
     the values, topk finds the top (1 - q) only."""
     ## The value `rank` places up the sorted values, interpolated between the two around it; rank
-    ## as torch.quantile computes it (q in x's dtype, times n - 1 in double), to the last bit.
+    ## as PyTorch 2.14's torch.quantile computes it (q in x's dtype, times n - 1 in double).
     n = x.shape[dim]
     rank = float(torch.tensor(q, dtype=x.dtype)) * (n - 1)
     below = int(rank)
