@@ -8,8 +8,8 @@
 All train the same model with Adam (lr 1e-3), batch 64 and seed 42 on 60,000 training
 images, and their epochs are interleaved (a1 b1 c1 d1 a2 b2 ...) so that a slow moment of a
 shared machine hits all of them alike:
-  (a) classic    benchmarks/classic_mnist.py: PIL -> ToTensor -> Normalize per sample in a
-                 DataLoader, plain Adam
+  (a) classic    mnist_minimal.py's loaders and loop: PIL -> ToTensor -> Normalize per sample
+                 in a DataLoader, plain Adam
   (b) this repo  images decoded and normalised once (common.normalize_images), batches indexed
                  from memory (common.TensorLoader), common.train_one_epoch, fused Adam
   (c) floor      the same model and optimizer as (b) on random tensors already in memory, sliced
@@ -24,16 +24,18 @@ moment on a noisy machine does not decide the figure. On a machine whose speed s
 second to second, --chunk 50 alternates (b), (c) and (d) every 50 steps instead, and compares
 those rounds: far less noisy than whole epochs.
 
---end-to-end instead runs classic_mnist.py, mnist_train.py and benchmarks/bare_loop.py (--epochs
-each, 5 by default) as separate processes, round after round (classic, ours, bare loop, classic,
-...; --rounds sets how many), and reports the median wall time from process start to exit, the
-peak memory and the test accuracy. The bare loop has `import torch`, mnist_train.py's model,
-optimizer and training steps, on random tensors, with no files, evaluation or saving: no script
-of this shape can be faster, so classic_mnist.py's time over bare_loop.py's is the largest
-speed-up this machine allows.
+--end-to-end instead runs mnist_minimal.py, mnist_train.py and benchmarks/bare_loop.py (--epochs
+each, 5 by default; the MLP, on the device each picks by itself) as separate processes, round
+after round (classic, ours, bare loop, classic, ...; --rounds sets how many), and reports the
+median wall time from process start to exit, the peak memory and the test accuracy. The bare
+loop has `import torch`, mnist_train.py's model, optimizer and training steps, on random tensors,
+with no files, evaluation or saving: no script of this shape can be faster, so mnist_minimal.py's
+time over bare_loop.py's is the largest speed-up this machine allows.
 """
 
 import argparse
+import contextlib
+import io
 import itertools
 import math
 import os
@@ -50,9 +52,9 @@ from torch import nn
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bare_loop import floor_epoch
-from classic_mnist import classic_loaders, classic_test, classic_train_epoch
 
 import common
+import mnist_minimal
 import safeguards
 
 
@@ -72,7 +74,7 @@ def per_epoch(args, device):
     torch.manual_seed(42)
     model_a = common.build_model(args.model).to(device)
     opt_a = torch.optim.Adam(model_a.parameters(), lr=1e-3)
-    train_a, test_a = classic_loaders(args.data_dir)
+    train_a, test_a = mnist_minimal.load_data(args.data_dir)
 
     torch.manual_seed(42)
     model_b = common.build_model(args.model).to(device)
@@ -98,8 +100,9 @@ def per_epoch(args, device):
                          (model_c, opt_c, x_c, y_c), (model_d, opt_d))
     times = {"a": [], "b": [], "c": [], "d": []}
     for epoch in range(1, args.epochs + 1):
-        times["a"].append(timed(device, classic_train_epoch, model_a, train_a, criterion, opt_a,
-                                device, epoch, log=lambda line: None))
+        with contextlib.redirect_stdout(io.StringIO()):  # its loss lines
+            times["a"].append(timed(device, mnist_minimal.train, model_a, train_a, criterion,
+                                    opt_a, device, epoch))
         times["b"].append(timed(device, common.train_one_epoch, model_b, train_b, criterion,
                                 opt_b, device, epoch=epoch, log=None))
         times["c"].append(timed(device, floor_epoch, model_c, x_c, y_c, criterion, opt_c, 64))
@@ -107,7 +110,7 @@ def per_epoch(args, device):
                                 criterion, opt_d, 64))
         print(f"epoch {epoch}: " + "  ".join(f"({k}) {v[-1]:.2f} s" for k, v in times.items()),
               flush=True)
-    correct, total = classic_test(model_a, test_a, device)
+    correct, total = mnist_minimal.test(model_a, test_a, device)
     acc_b = common.evaluate(model_b, test_b, criterion, device)[1]
     later = {k: v[1:] if len(v) > 1 else v for k, v in times.items()}  # epoch 1 warms up
     typical = {k: statistics.median(v) for k, v in later.items()}
@@ -164,11 +167,11 @@ def per_chunk(args, device, criterion, b, c, d):
           f"floor on MNIST;  (d)/(c) = {ratio['dc']:.3f}x (medians of the rounds' ratios)")
 
 
-def run_script(cmd):
-    """Run a command; return (wall seconds, peak RSS in MiB or None, its 'Test Accuracy' line,
-    or '-' for a script that prints none)."""
+def run_script(cmd, cwd):
+    """Run a command in `cwd`; return (wall seconds, peak RSS in MiB or None, its last 'Test
+    Accuracy' line, or '-' for a script that prints none)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, text=True)
     out = proc.stdout.read()
     if hasattr(os, "wait4"):  # Linux and macOS: the resource usage of this child alone
         _, status, usage = os.wait4(proc.pid, 0)
@@ -185,31 +188,29 @@ def run_script(cmd):
 
 
 def end_to_end(args, device: torch.device):
-    ## The scripts run in the repository's root, so a relative --data-dir is made absolute
-    ## here; and all three get the one device chosen here, so that they compare like with like.
-    data_dir, epochs, device = str(Path(args.data_dir).resolve()), str(args.epochs), str(device)
+    ## The scripts run in a temporary folder (mnist_minimal.py saves into checkpoints/ there),
+    ## so a relative --data-dir is made absolute here.
+    data_dir, epochs = str(Path(args.data_dir).resolve()), str(args.epochs)
+    runs = {
+        "mnist_minimal.py": [sys.executable, str(REPO / "mnist_minimal.py"), "--data-dir",
+                             data_dir, "--epochs", epochs],
+        "mnist_train.py": [sys.executable, str(REPO / "mnist_train.py"), "--data-dir", data_dir,
+                           "--epochs", epochs, "--save-path", "bench.pt"],
+        "bare_loop.py": [sys.executable, str(REPO / "benchmarks" / "bare_loop.py"), "--epochs",
+                         epochs],
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {
-            "classic_mnist.py": [sys.executable, "benchmarks/classic_mnist.py",
-                                 "--data-dir", data_dir, "--epochs", epochs,
-                                 "--model", args.model, "--device", device],
-            "mnist_train.py": [sys.executable, "mnist_train.py", "--data-dir", data_dir,
-                               "--epochs", epochs, "--model", args.model, "--device", device,
-                               "--save-path", f"{tmp}/bench.pt"],
-            "bare_loop.py": [sys.executable, "benchmarks/bare_loop.py", "--epochs", epochs,
-                             "--model", args.model, "--device", device],
-        }
         results = {name: [] for name in runs}
         for round_ in range(1, args.rounds + 1):  # alternated: a busy spell hits all alike
             for name, cmd in runs.items():
-                results[name].append(run_script(cmd))
+                results[name].append(run_script(cmd, tmp))
                 seconds, peak, accuracy = results[name][-1]
                 memory = f"peak {peak:.0f} MiB" if peak is not None else "peak memory unknown"
                 print(f"round {round_}: {name}: {seconds:.1f} s, {memory}, {accuracy}", flush=True)
     classic, ours, bare = (statistics.median(r[0] for r in results[name]) for name in runs)
     ratios = [c[0] / o[0] for c, o, _ in zip(*results.values())]
     ceilings = [c[0] / b[0] for c, _, b in zip(*results.values())]
-    print(f"\nmedians of {args.rounds}: classic_mnist.py {classic:.1f} s, mnist_train.py "
+    print(f"\nmedians of {args.rounds}: mnist_minimal.py {classic:.1f} s, mnist_train.py "
           f"{ours:.1f} s, bare_loop.py {bare:.1f} s; mnist_train.py is "
           f"{statistics.median(ratios):.1f}x faster end to end (median of the rounds' ratios; "
           f"each round: {', '.join(f'{r:.1f}x' for r in ratios)}); the bare loop, the fastest "
@@ -235,8 +236,8 @@ def main():
                              "ours, the bare loop)")
     args = parser.parse_args()
     ## The pipelines timed in this process train as mnist_train.py does: with denormals flushed
-    ## to zero (see its setup_system), set before any tensor maths so that torch's worker
-    ## threads inherit it. (--end-to-end runs each script as it is: classic_mnist.py does not.)
+    ## to zero (see its setup()), set before any tensor maths so that torch's worker threads
+    ## inherit it. (--end-to-end runs each script as it is: mnist_minimal.py does not.)
     torch.set_flush_denormal(True)
     try:
         device = common.get_device(args.device)
@@ -244,6 +245,9 @@ def main():
         parser.error(str(err))
     if args.chunk and args.end_to_end:
         parser.error("--chunk alternates steps within one process: leave out --end-to-end")
+    if args.end_to_end and (args.model != "mlp" or args.device != "auto"):
+        parser.error("--end-to-end runs mnist_minimal.py, which trains the MLP on the device it "
+                     "picks itself: leave out --model and --device")
     if args.epochs < 2 and not args.end_to_end:
         parser.error("--epochs must be at least 2: the first epoch (warm-up) is not compared")
     if args.end_to_end:
