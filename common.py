@@ -112,10 +112,11 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
                     scaler: torch.amp.GradScaler | None = None, clip_grad: float | None = None,
                     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
                     log: Callable[[str], None] | None = print) -> float:
-    """Train one pass over `loader`; return the mean loss per sample (criterion: a batch mean).
-    Per batch, in this order: zero_grad, forward, loss, backward, step; then scheduler.step()."""
+    """Train one pass over `loader`; return the mean loss per sample (of every process's, under
+    torchrun). Per batch, in this order: zero_grad, forward, loss, backward, step."""
     device = torch.device(device)
     model.train()  # Dropout and BatchNorm behave as in training; evaluate() switches them back
+    scaler = scaler or torch.amp.GradScaler(device.type, enabled=False)  # None: a no-op one
     ## The loss summed over samples, and their count, so far; `logged`: both at the last log.
     total, seen, logged = torch.zeros((), device=device), 0, (0.0, 0)
     batches = len(loader) if hasattr(loader, "__len__") else "?"  # a generator has no length
@@ -125,20 +126,16 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
         ## forward, then the loss; with amp_dtype, autocast runs the matmuls in 16 bits (AMP).
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             loss = criterion(model(inputs), targets)
-        if scaler is None:  # float32 or bfloat16: the plain steps
-            loss.backward()  # backward: each weight's .grad gets d(loss)/d(weight)
-            if clip_grad is not None:  # cap their joint norm: one bad batch cannot undo training
-                nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
-            ## step: move each weight against its gradient. step() before backward(), or
-            ## zero_grad() between them, raises no error: the model just never learns.
-            optimizer.step()
-        else:  # --amp in float16 (GPUs), whose range is narrow: the loss is scaled up, then back
-            scaler.scale(loss).backward()
-            if clip_grad is not None:
-                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-                nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
-            scaler.step(optimizer)  # skipped if a gradient overflowed
-            scaler.update()
+        ## backward: each weight's .grad gets d(loss)/d(weight). (float16's range is narrow: an
+        ## enabled scaler multiplies the loss first, so that small gradients do not become 0.)
+        scaler.scale(loss).backward()
+        if clip_grad is not None:  # cap their joint norm: one bad batch cannot undo training
+            scaler.unscale_(optimizer)  # the true gradients, not the scaled ones
+            nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+        ## step: move each weight against its gradient. step() before backward(), or
+        ## zero_grad() between them, raises no error: the model just never learns.
+        scaler.step(optimizer)  # optimizer.step(); float16: skipped if a gradient overflowed
+        scaler.update()
         if scheduler is not None:
             scheduler.step()  # per batch, for warmup + cosine; not for StepLR, which counts epochs
         ## A per-sample sum (batch mean x size), kept on the device: .item() would make the CPU
@@ -151,6 +148,10 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
             logged = (total.item(), seen)
     if seen == 0:
         raise ValueError("the training loader produced no batches: is the dataset empty?")
+    if torch.distributed.is_available() and torch.distributed.is_initialized():  # torchrun:
+        sums = torch.tensor([total.item(), seen], dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(sums)  # every process's loss sum and count, added up
+        total, seen = sums[0], int(sums[1])
     if not math.isfinite(average := total.item() / seen):
         raise FloatingPointError(f"the training loss became {average} in epoch {epoch}: try a 10x"
                                  " lower learning rate or clipping; check inputs for NaN or inf.")
@@ -372,36 +373,50 @@ class TensorLoader:
 
     ## A DataLoader calls dataset[i] once per sample and collates: flexible, but slow for a small
     ## model; data that fit in memory, as MNIST does, need one indexing per batch. Under torchrun
-    ## each rank takes every world_size-th sample (shuffled: padded to as many batches on each).
+    ## a shuffled (training) loader gives each process every N-th sample of one shuffled order,
+    ## padded so that every process has as many batches, as DistributedSampler does.
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int,
-                 shuffle: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 shuffle: bool = False, seed: int = 0,
                  transform: Callable[[torch.Tensor, torch.Tensor], tuple] | None = None) -> None:
         if len(inputs) != len(targets):
             raise ValueError(f"{len(inputs)} inputs but {len(targets)} targets")
         self.inputs, self.targets, self.batch_size = inputs, targets, batch_size
-        self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
+        self.shuffle, self.seed = shuffle, seed
         self.transform, self.epoch = transform, 0  # transform: per batch, e.g. augmentation
 
     def set_epoch(self, epoch: int) -> None:
         """Shuffle with seed + epoch next time, as DistributedSampler.set_epoch does."""
         self.epoch = epoch
 
-    def __len__(self) -> int:  # batches per epoch on this rank
-        n, world = len(self.targets), self.world_size
-        local = math.ceil(n / world) if self.shuffle else len(range(self.rank, n, world))
-        return math.ceil(local / self.batch_size)
+    def __len__(self) -> int:  # batches per epoch in this process
+        n = len(self.targets)
+        share = math.ceil(n / process_count()) if self.shuffle else n  # this process's samples
+        return math.ceil(share / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n = len(self.targets)
         order = torch.arange(n)
-        if self.shuffle:  # a new order every epoch, the same on every rank; padded by wrapping
+        if self.shuffle:  # a new order every epoch, the same in every process
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
             order = torch.randperm(n, generator=generator)
-            order = order.repeat(self.world_size)[: -(-n // self.world_size) * self.world_size]
-        order = order[self.rank :: self.world_size].to(self.inputs.device)  # one small copy
+            if (processes := process_count()) > 1:  # torchrun: this process's share, padded
+                order = order.repeat(processes)[: -(-n // processes) * processes]
+                order = order[process_rank() :: processes]
+        order = order.to(self.inputs.device)  # one small copy
         self.epoch += 1  # if set_epoch() is never called, the next epoch still reshuffles
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
             batch = self.inputs.index_select(0, idx), self.targets.index_select(0, idx)
             yield batch if self.transform is None else self.transform(*batch)
+
+
+def process_count() -> int:
+    """How many processes train together: torchrun's number of them, or 1."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def process_rank() -> int:
+    """This process's number among them (its "rank"), from 0; 0 without torchrun."""
+    return torch.distributed.get_rank() if process_count() > 1 else 0

@@ -12,13 +12,15 @@ What you should see (the MLP, in seconds; the README says how to read each line)
     ...
     Test Accuracy: 0.9730 (9730/10000)      # 0.9730 to 0.9748, by CPU and thread count
 
-train() is the lesson: 1. data -> 2. model -> 3. loss -> 4. optimizer -> 5. training loop ->
-6. final test; each step's details follow it. What keeps the script working in real use (bad
-paths, Ctrl-C, --resume, joining torchrun's processes) is in safeguards.py.
+This is mnist_minimal.py grown (read that one first): train() keeps its steps, 1. data ->
+2. model -> 3. loss -> 4. optimizer -> 5. training loop -> 6. final test, and adds what a real
+run needs, each where it happens; the README's ladder names them. The details of each step
+follow train(); how a run starts and ends (files, --resume, Ctrl-C) comes last.
 """
 
 import argparse
 import copy
+import gc
 import os
 import sys
 import time
@@ -27,18 +29,18 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import augmentation
 import common
 import reports
 import safeguards
-from safeguards import UsageError
+from safeguards import RunFiles, UsageError
 
 
-def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
-    """The lesson. On a first read, skip rank and world (torchrun) and `run` (files, --resume)."""
-    rank, world, device = setup(args)  # seed, device; torchrun's rank, world (0, 1 without)
+def train(args: argparse.Namespace, files: RunFiles) -> None:
+    """The lesson: mnist_minimal.py's steps, grown into a real run."""
+    device, amp_dtype, master_process = setup(args)  # seeds, maths (--amp); torchrun's processes
 
     # 1. data ----------------------------------------------------------------------------------
     ## 60,000 training pictures (uint8 [N, 28, 28], labels 0..9), --val-size of them held out
@@ -49,15 +51,16 @@ def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
     ## Inputs are standardised to a mean of 0 and a spread of 1, which the default weights and
     ## learning rate suit. predict.py must do the same: the saved model file keeps the two.
     mean, std = normalisation(args.dataset, images)
-    train_idx, val_idx, test_idx = choose_splits(args, len(labels), len(test_labels), world)
-    loader = partial(make_loader, args, mean=mean, std=std, device=device, rank=rank, world=world)
-    train_loader = loader(images[train_idx], labels[train_idx], shuffle=True)
-    val_loader = loader(images[val_idx], labels[val_idx])
-    test_loader = loader(test_images[test_idx], test_labels[test_idx], rank=0, world=1)
+    train_idx, val_idx, test_idx = choose_splits(args, len(labels), len(test_labels))
+    train_loader = make_loader(args, images[train_idx], labels[train_idx], mean=mean, std=std,
+                               device=device, shuffle=True)
+    val_loader = make_loader(args, images[val_idx], labels[val_idx], mean=mean, std=std,
+                             device=device)
+    test_loader = make_loader(args, test_images[test_idx], test_labels[test_idx], mean=mean,
+                              std=std, device=device)
 
     # 2. model ---------------------------------------------------------------------------------
-    sizes = model_sizes(args)  # --hidden and --channels, if given
-    model = common.build_model(args.model, **sizes).to(device)  # random weights, by --seed
+    model = common.build_model(args.model, **model_sizes(args)).to(device)  # random, by --seed
 
     # 3. loss ----------------------------------------------------------------------------------
     ## The model ends in 10 raw scores ("logits"): CrossEntropyLoss takes their log-softmax
@@ -66,66 +69,64 @@ def train(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
 
     # 4. optimizer -----------------------------------------------------------------------------
     optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr, device)
+    ## What a real run adds, one line each; the README's ladder says why.
     steps = args.epochs * len(train_loader)  # optimizer steps in the whole run
     scheduler = make_schedule(args.schedule, optimizer, steps)  # None: a constant rate
-    ## What real runs add (skip it at first); by default train_model and eval_model are model.
-    amp_dtype = safeguards.amp_dtype(args.amp, device)  # --amp: 16-bit maths; None: float32
-    scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
-    if rank == 0:  # what to look at first when training misbehaves
-        reports.sanity_report(args.model, model, val_loader, criterion, device,
-                              (train_idx, val_idx, test_idx), untrained=not run.resumed)
-    ## torchrun: under DDP, loss.backward() averages all ranks' gradients (docs/distributed.md)
-    train_model = nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    averaged = weight_average(model, optimizer, steps) if args.ema else None
-    eval_model = model if averaged is None else averaged  # --ema: the average is judged, saved
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # --amp
+    ema = weight_average(model, optimizer, steps) if args.ema else None  # --ema
+    if master_process:  # what to look at first when training misbehaves
+        reports.sanity_report(model, val_loader, criterion, device, (train_idx, val_idx, test_idx))
+    eval_model = model if ema is None else ema  # what is judged and saved: --ema's average
+    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler,
+             "ema": ema}  # what training changes: saved after every epoch, for --resume
     if args.compile:  # in place: training, and evaluation without --ema, run the compiled code
         model.compile()
+    if common.process_count() > 1:  # torchrun: backward() averages every process's gradients
+        model = nn.parallel.DistributedDataParallel(model)
 
     # 5. training loop -------------------------------------------------------------------------
-    best_acc, best_epoch, best_weights, history = run.begin(  # fresh: -1.0, 0, None, []
-        safeguards.as_words(args, RUN_SETTINGS), model=model, optimizer=optimizer,
-        scaler=scaler, scheduler=scheduler, ema=averaged)  # the state that --resume needs
-    with reports.open_tensorboard(args.tensorboard if rank == 0 else None) as writer:
-        for epoch in range(len(history) + 1, args.epochs + 1):  # --resume: from the next one
+    about = model_card(args, mean, std)  # what predict.py needs beside the weights
+    start_epoch, best_epoch, best_acc, history = 1, 0, -1.0, []  # -1: epoch 1 is always saved
+    if args.resume:  # go on after the last epoch saved, as if never stopped
+        start_epoch, best_epoch, best_acc, history = safeguards.resume(files.last, state)
+    with reports.open_tensorboard(args.tensorboard if master_process else None) as writer:
+        for epoch in range(start_epoch, args.epochs + 1):
             start = time.perf_counter()
-            train_loader.set_epoch(epoch)  # shuffled with --seed + epoch, also after --resume
+            train_loader.set_epoch(epoch)  # shuffled by --seed + epoch: the same after --resume
             train_loss = common.train_one_epoch(
-                train_model, train_loader, criterion, optimizer, device, epoch=epoch,
-                log_interval=args.log_interval, amp_dtype=amp_dtype, scaler=scaler,
-                clip_grad=args.clip_grad, scheduler=scheduler, log=print if rank == 0 else None)
+                model, train_loader, criterion, optimizer, device, epoch=epoch, scaler=scaler,
+                log_interval=args.log_interval, amp_dtype=amp_dtype, clip_grad=args.clip_grad,
+                scheduler=scheduler, log=print if master_process else None)
+            if not master_process:  # under torchrun the others only train; this one judges
+                continue
             val_loss, val_acc = common.evaluate(eval_model, val_loader, criterion, device,
                                                 amp_dtype=amp_dtype)
-            train_loss, val_loss, val_acc = safeguards.reduce_metrics(  # as is without torchrun
-                train_loss, val_loss, val_acc, len(val_idx[rank::world]), world, device)
-            ## Keep the weights that do best on validation data, not the last (later epochs can
-            ## overfit), as a copy: state_dict() shares memory with weights that keep changing.
-            if saved := val_acc > best_acc:  # := also keeps the answer, for the epoch line
-                best_acc, best_epoch = val_acc, epoch
-                best_weights = {k: v.clone() for k, v in eval_model.state_dict().items()}
-            if rank == 0:
-                seconds = time.perf_counter() - start
-                history.append([epoch, train_loss, val_loss, val_acc, seconds, int(saved)])
-                with run.saving(epoch, (best_epoch, best_acc)):  # every epoch; Ctrl-C waits
-                    common.save_checkpoint(
-                        run.checkpoint, best_weights, model_name=args.model, mean=mean, std=std,
-                        epoch=best_epoch, val_accuracy=best_acc, sizes=sizes, classes=classes,
-                        dataset=args.dataset, training=run.training_state(epoch, history))
-                    reports.write_history(run.csv, history, writer)
-                print(f"epoch {epoch}/{args.epochs} | train loss {train_loss:.4f} | val loss "
-                      f"{val_loss:.4f} | val acc {val_acc:.4f}{reports.rate(scheduler)} | "
-                      f"{seconds:.1f} s" + (" | saved best" if saved else ""))
+            seconds = time.perf_counter() - start
+            ## Keep the model that does best on the validation pictures, not the last one:
+            ## later epochs can overfit. The file predict.py loads changes only here.
+            if val_acc > best_acc:
+                best_epoch, best_acc = epoch, val_acc
+                common.save_checkpoint(files.model, eval_model, epoch=epoch, val_accuracy=val_acc,
+                                       **about)
+            history.append([epoch, train_loss, val_loss, val_acc, seconds, best_epoch == epoch])
+            safeguards.save_state(files.last, state, history, args, RUN_SETTINGS, **about)
+            reports.write_history(files.csv, history, writer)  # last: the CSV follows the files
+            print(f"epoch {epoch}/{args.epochs} | train loss {train_loss:.4f} | val loss "
+                  f"{val_loss:.4f} | val acc {val_acc:.4f}{reports.rate(scheduler)} | "
+                  f"{seconds:.1f} s" + (" | saved best" if best_epoch == epoch else ""))
 
     # 6. final test ----------------------------------------------------------------------------
+    if not master_process:
+        return
     ## The best model, reloaded from disk (proof that it loads), on pictures it has never seen.
-    if rank == 0:
-        best_model, _ = common.load_model(run.checkpoint, device)
-        guesses, truth = predict_all(best_model, test_loader, device, amp_dtype)
-        correct = int((guesses == truth).sum())
-        print(f"best epoch {best_epoch} (val acc {best_acc:.4f}) saved to {run.checkpoint}; "
-              f"metrics in {run.csv}")
-        print(f"Test Accuracy: {correct / len(truth):.4f} ({correct}/{len(truth)})")
-        reports.after_test(args, run.mistakes, classes, test_images[test_idx], guesses, truth,
-                           best_acc, len(train_idx), [float(row[1]) for row in history])
+    best_model, _ = common.load_model(files.model, device)
+    guesses, truth = predict_all(best_model, test_loader, device, amp_dtype)
+    correct = int((guesses == truth).sum())
+    print(f"best epoch {best_epoch} (val acc {best_acc:.4f}) saved to {files.model}; metrics in "
+          f"{files.csv}")
+    print(f"Test Accuracy: {correct / len(truth):.4f} ({correct}/{len(truth)})")
+    reports.after_test(args, files.mistakes, classes, test_images[test_idx], guesses, truth,
+                       best_acc, len(train_idx), [float(row[1]) for row in history])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,18 +140,31 @@ DATASETS = {
 }
 
 
-def setup(args: argparse.Namespace) -> tuple[int, int, torch.device]:
-    """Join torchrun's processes (if any), fetch the data once, seed, set how the maths run."""
+def setup(args: argparse.Namespace) -> tuple[torch.device, torch.dtype | None, bool]:
+    """Join torchrun's processes (if any), fetch the data, seed, set how the maths run. Returns
+    (device, --amp's 16-bit dtype or None, master_process: the one that prints and saves)."""
     device = common.get_device(args.device)  # "auto": the accelerator if there is one
-    if args.device == "auto" and (note := safeguards.missing_gpu_note(device)):
-        print(note)  # an NVIDIA driver, but no GPU that this PyTorch can use
-    rank, world, device = safeguards.init_distributed(device)  # (0, 1, device) without torchrun
+    if args.device == "auto":  # an NVIDIA driver, but no GPU that this PyTorch can use? say so
+        safeguards.note_missing_gpu(device)
+    ## `torchrun --nproc_per_node=N mnist_train.py` starts N copies of this script, numbered
+    ## ("ranked") 0 to N-1 in the RANK variable; each trains on its share of every batch
+    ## (docs/distributed.md). A plain `python mnist_train.py` is one process, rank 0.
+    rank = 0
+    if "RANK" in os.environ:
+        rank, device = safeguards.init_distributed(device)  # one GPU per process
     safeguards.download_mnist(args.data_dir, DATASETS[args.dataset][0])  # if not there yet
     ## Seeds weight initialisation, dropout and --augment; the loaders shuffle with their own
-    ## generators, from --seed too. + rank: each rank draws its own dropout and augmentation.
+    ## generators, from --seed too. + rank: each process draws its own dropout and augmentation.
     common.set_seed(args.seed + rank)
-    safeguards.set_maths(device, args.deterministic)  # faster maths; or repeatable on GPUs
-    return rank, world, device
+    ## Precision. Float32 numbers below 1e-38 ("denormals"), which Adam makes in this MLP, are
+    ## slow on many CPUs: read and written as 0, they change no weight (docs/speed.md).
+    torch.set_flush_denormal(True)
+    if device.type == "cuda":  # TF32: float32 matmuls on tensor cores, with a 10-bit mantissa
+        torch.set_float32_matmul_precision("high")  # (Ampere and later): faster, close enough
+    if args.deterministic:  # GPUs: the same numbers every run, a little slower
+        safeguards.make_deterministic()
+    ## --amp: matmuls in 16 bits, the weights kept in float32: bfloat16, or float16 on old GPUs.
+    return device, safeguards.amp_dtype(args.amp, device), rank == 0
 
 
 def normalisation(dataset: str, images: torch.Tensor) -> tuple[float, float]:
@@ -161,13 +175,13 @@ def normalisation(dataset: str, images: torch.Tensor) -> tuple[float, float]:
     return round(pixels.mean().item(), 4), round(pixels.std().item(), 4)
 
 
-def choose_splits(args: argparse.Namespace, n_train: int, n_test: int,
-                  world: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def choose_splits(args: argparse.Namespace, n_train: int,
+                  n_test: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Indices of the training, validation and test pictures, after --subset and --dry-run."""
     if args.val_size >= n_train:
         raise UsageError(f"--val-size {args.val_size} leaves nothing to train on: the training "
                          f"set has {n_train} images")
-    ## The split depends on --seed alone: every run and rank with it validates on the same ones.
+    ## The split depends on --seed alone: every run with it validates on the same pictures.
     order = torch.randperm(n_train, generator=torch.Generator().manual_seed(args.seed))
     train_idx, val_idx = order[args.val_size :], order[: args.val_size]
     test_idx = torch.arange(n_test)
@@ -175,25 +189,24 @@ def choose_splits(args: argparse.Namespace, n_train: int, n_test: int,
         raise UsageError(f"--subset {args.subset} is larger than the {len(train_idx)} training "
                          "images left after the validation split")
     train_idx = train_idx[: args.subset]  # [:None] is all of them
-    if args.dry_run:  # one batch of each, on every rank
-        train_idx = train_idx[: args.batch_size * world]
+    if args.dry_run:  # one batch of each (under torchrun: at most one in each process)
+        train_idx = train_idx[: args.batch_size]
         val_idx, test_idx = val_idx[: args.test_batch_size], test_idx[: args.test_batch_size]
     return train_idx, val_idx, test_idx
 
 
 def make_loader(args: argparse.Namespace, images: torch.Tensor, labels: torch.Tensor, *,
-                mean: float, std: float, device: torch.device, shuffle: bool = False,
-                rank: int = 0, world: int = 1):
+                mean: float, std: float, device: torch.device, shuffle: bool = False):
     """Batches of (standardised pictures, labels); for training, shuffled anew every epoch."""
     batch_size = args.batch_size if shuffle else args.test_batch_size
     augment = shuffle and args.augment  # training batches only: judge the pictures as they are
     if args.loader == "dataloader":
         return classic_loader(args, PictureDataset(images, labels, mean, std), batch_size,
-                              device, shuffle, augment, rank, world)
+                              device, shuffle, augment)
     ## Decoded and standardised once, on the training device: a batch is one indexing step.
     return common.TensorLoader(
         common.normalize_images(images, mean, std, device), labels.to(device), batch_size,
-        shuffle=shuffle, seed=args.seed, rank=rank, world_size=world,
+        shuffle=shuffle, seed=args.seed,
         transform=partial(augmentation.augment, styles=args.dataset == "mnist") if augment
         else None)  # the writing styles of --augment are for digits only
 
@@ -211,16 +224,18 @@ class PictureDataset(Dataset):
         return (self.images[i][None].float() / 255 - self.mean) / self.std, int(self.labels[i])
 
 
-def classic_loader(args, dataset, batch_size, device, shuffle, augment, rank, world):
+def classic_loader(args, dataset, batch_size, device, shuffle, augment):
     """--loader dataloader, the tool for data too big for memory: pictures read one at a time,
     in --num-workers background processes, and collated into batches."""
     ## pin_memory: batches in page-locked memory, which a GPU copies from faster.
     options = dict(num_workers=args.num_workers, persistent_workers=args.num_workers > 0,
                    pin_memory=device.type == "cuda")
-    if not shuffle:  # this rank's every world-th picture: each one counted once in all
-        return DataLoader(Subset(dataset, range(rank, len(dataset), world)), batch_size, **options)
-    ## DistributedSampler: this rank's share of each epoch's shuffled order (without torchrun: all).
-    sampler = DistributedSampler(dataset, world, rank, seed=args.seed)
+    if not shuffle:  # evaluation: every picture, in order
+        return DataLoader(dataset, batch_size, **options)
+    ## DistributedSampler: each epoch's order from --seed + epoch, and under torchrun this
+    ## process's share of it (without torchrun: a world of one process, which takes all).
+    sampler = DistributedSampler(dataset, common.process_count(), common.process_rank(),
+                                 seed=args.seed)
     collate = partial(augmentation.collate_and_augment, styles=args.dataset == "mnist")
     loader = DataLoader(dataset, batch_size, sampler=sampler,
                         collate_fn=collate if augment else None, **options)
@@ -299,8 +314,14 @@ def predict_all(model: nn.Module, loader, device: torch.device,
     return torch.cat(guesses), torch.cat(truth)
 
 
+def model_card(args: argparse.Namespace, mean: float, std: float) -> dict:
+    """What a checkpoint keeps beside the weights: enough for predict.py to rebuild and use them."""
+    return {"model_name": args.model, "mean": mean, "std": std, "sizes": model_sizes(args),
+            "classes": DATASETS[args.dataset][1], "dataset": args.dataset}
+
+
 # ---------------------------------------------------------------------------------------------
-# The settings, and how a run ends.
+# The settings, and how a run starts and ends.
 
 ## The settings that make a run what it is, saved with it: --resume goes on with them.
 RUN_SETTINGS = ("model", "hidden", "channels", "dataset", "optimizer", "lr", "batch_size",
@@ -361,39 +382,55 @@ def build_parser() -> safeguards.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Check the command line and the files, train, and end with one line whatever happens."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.epochs = 1 if args.dry_run else args.epochs
     name = f"{'dry_run_' * args.dry_run}{args.dataset.replace('-', '_')}_{args.model}.pt"
-    run = safeguards.RunFiles(args.save_path or Path("checkpoints", name), args.dry_run)
+    files = RunFiles.beside(args.save_path or Path("checkpoints", name))
+    master = safeguards.is_main_process()  # a plain run, or torchrun's process 0: it writes
     rank = f" (rank {os.environ['RANK']})" if "RANK" in os.environ else ""  # under torchrun
-    code = 1
+    kept, code = {}, 1
     try:
-        check_settings(args, run)
-        if args.resume:
-            resume(args, parser, argv, run)
         with safeguards.stop_signals():  # `kill` and Ctrl-Break stop the run as Ctrl-C does
-            train(args, run)
+            check_settings(args, files)
+            if args.resume:  # the saved run's settings, and whether it can go on
+                safeguards.check_resume(args, parser, argv, files, RUN_SETTINGS)
+            ## An earlier run's files are renamed, never replaced (but a dry run's own, by one).
+            if master and not args.resume and (args.save_path or not args.dry_run):
+                safeguards.set_aside(files, kept)
+            train(args, files)
+            sys.stdout.flush()  # here, where a closed output can still be caught
         code = 0
     except UsageError as err:
         parser.error(str(err))  # exit code 2, like argparse's own errors
     except (KeyboardInterrupt, OSError) as err:  # Ctrl-C, `kill`, `| head` closed the output
         go_on = safeguards.command_to_go_on("mnist_train.py", argv, "--resume")
-        code = safeguards.stopped(err, run.on_disk(go_on, args.epochs)
-                                  if safeguards.is_main_process() else "")  # rank 0 wrote it
+        ending = safeguards.on_disk(files, kept, args.epochs, go_on) if master else ""
+        code = safeguards.stopped(err, ending)  # process 0 wrote the files, and says what is there
     except FloatingPointError as err:  # the loss became NaN or inf
         print(f"error{rank}: {err} With this script: --lr {args.lr / 10:g} or --clip-grad 1.0. "
-              f"{run.on_disk(None, args.epochs)}", file=sys.stderr)
-    except (common.DataError, common.CheckpointError, common.OutputError) as err:
+              f"{safeguards.on_disk(files, kept, args.epochs)}", file=sys.stderr)
+    except (common.DataError, common.CheckpointError) as err:
         print(f"error{rank}: {str(err).rstrip('.')}.", file=sys.stderr)
+    except common.OutputError as err:  # a full disk, say: what was saved before is still there
+        print(f"error{rank}: {err} {safeguards.on_disk(files, kept, args.epochs)}", file=sys.stderr)
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        if not safeguards.out_of_memory(err):
+            raise  # a bug: its traceback
+        print(f"error{rank}: out of memory ({safeguards.memory_words(err)}): lower --batch-size "
+              f"(now {args.batch_size}) or the model's size (--hidden, --channels). "
+              f"{safeguards.on_disk(files, kept, args.epochs)}", file=sys.stderr)
     finally:
+        if code != 0 and kept and not files.model.exists():  # saved nothing: the earlier run's
+            safeguards.put_back(kept)  # files go back where they were
         safeguards.leave_distributed(wait=code == 0)
     return code
 
 
-def check_settings(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
-    """Refuse flags that do not go together, and files that cannot be written, before work."""
-    model_sizes(args)
+def check_settings(args: argparse.Namespace, files: RunFiles) -> None:
+    """Refuse, before any work, flags that clash, sizes beyond memory and unwritable files."""
+    sizes = model_sizes(args)
     if args.num_workers and args.loader == "memory":
         raise UsageError("--num-workers is for --loader dataloader; the in-memory loader needs "
                          "no worker processes")
@@ -403,34 +440,11 @@ def check_settings(args: argparse.Namespace, run: safeguards.RunFiles) -> None:
         raise UsageError(f"--device: {err}") from None
     if args.compile and (problem := safeguards.compile_problem(device)):
         raise UsageError(f"--compile: {problem}; leave --compile out to train without it")
-    files = {"--save-path": run.checkpoint, "its CSV": run.csv, "its mistakes picture":
-             run.mistakes}
+    safeguards.check_model_size(args, sizes, device)  # --hidden or --channels beyond memory
     if safeguards.is_main_process():  # the process that writes the files
         safeguards.check_outputs(files, "--tensorboard", args.tensorboard)
 
 
-def resume(args: argparse.Namespace, parser, argv: list[str] | None,
-           run: safeguards.RunFiles) -> None:
-    """--resume: take the run's settings, and check that it can go on."""
-    if args.dry_run:
-        raise UsageError("--resume goes on with a real run; a --dry-run has nothing to resume")
-    if not run.checkpoint.exists():
-        raise UsageError(f"--resume: there is no run to resume at {run.checkpoint}: it saved no "
-                         "epoch yet (start it again without --resume), or it was started with "
-                         "another --save-path (or --model or --dataset): give that one")
-    saved = safeguards.load_training_state(run, args, parser, argv, RUN_SETTINGS,
-                                           may_change=("epochs",))
-    done = run.last_epoch
-    if args.schedule != "constant" and args.epochs != saved.epochs:  # planned over its epochs
-        raise UsageError(f"--resume: this run's {args.schedule} learning rate was planned over "
-                         f"{saved.epochs} epochs, so it cannot go on to {args.epochs}; leave "
-                         "--epochs out, or start a new run")
-    if args.epochs <= done:
-        raise UsageError(f"--resume: this run's last saved epoch is {done}; pass --epochs with "
-                         f"more than {done} to go on")
-    if safeguards.is_main_process():
-        print(f"resuming {run.checkpoint}: epochs {done + 1} to {args.epochs}")
-
-
 if __name__ == "__main__":
-    safeguards.run_script(main)
+    gc.freeze()  # the imports' objects are never scanned by the collector again (docs/speed.md)
+    sys.exit(main())

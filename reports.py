@@ -18,18 +18,17 @@ import common
 DIGITS = [str(digit) for digit in range(10)]
 
 
-def sanity_report(name: str, model: nn.Module, loader, criterion: nn.Module, device: torch.device,
-                  splits: tuple, untrained: bool = True) -> None:
-    """Versions, device, shapes, ranges and an `untrained` model's loss: what to check first."""
+def sanity_report(model: nn.Module, loader, criterion: nn.Module, device: torch.device,
+                  splits: tuple) -> None:
+    """Versions, device, shapes, ranges and the untrained model's loss: what to check first."""
     inputs, targets = next(iter(loader))
     params = sum(p.numel() for p in model.parameters())
-    print(f"PyTorch {torch.__version__} | device {device} | {name} with {params:,} parameters | "
-          f"{len(splits[0]):,} train / {len(splits[1]):,} val / {len(splits[2]):,} test images")
+    print(f"PyTorch {torch.__version__} | device {device} | {type(model).__name__.lower()} with "
+          f"{params:,} parameters | {len(splits[0]):,} train / {len(splits[1]):,} val / "
+          f"{len(splits[2]):,} test images")
     print(f"a validation batch: inputs {list(inputs.shape)} {str(inputs.dtype)[6:]} in "
           f"[{inputs.min():.2f}, {inputs.max():.2f}], labels {list(targets.shape)} "
           f"{str(targets.dtype)[6:]} in {targets.min()}..{targets.max()}")
-    if not untrained:  # after --resume the weights here are not the trained ones yet
-        return
     with torch.no_grad():
         loss = criterion(model(inputs.to(device)), targets.to(device)).item()
     ## An untrained classifier spreads its bets evenly: p = 1/10 per class, loss = -ln(1/10).
@@ -57,7 +56,7 @@ def write_history(path: Path, history: list[list], writer) -> None:
     """Rewrite the per-epoch CSV, whole, and log the last epoch to TensorBoard."""
     text = io.StringIO()
     header = ["epoch", "train_loss", "val_loss", "val_accuracy", "seconds", "saved"]
-    rows = [[epoch, *(f"{float(x):.6f}" for x in losses), f"{float(s):.3f}", saved]
+    rows = [[epoch, *(f"{float(x):.6f}" for x in losses), f"{float(s):.3f}", int(saved)]
             for epoch, *losses, s, saved in history]
     csv.writer(text).writerows([header, *rows])
     common.write_atomically(path, text.getvalue().encode())

@@ -11,6 +11,7 @@ import gc
 import glob
 import importlib.util
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -22,6 +23,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -88,8 +90,10 @@ def file_path(text: str) -> Path:
     return Path(text)
 
 
-def check_outputs(files: dict[str, Path], log_flag: str, log_dir: str | None) -> None:
-    """Refuse (UsageError) unwritable `files` ({what messages call it: path}) and a bad log_dir."""
+def check_outputs(run: "RunFiles", log_flag: str, log_dir: str | None) -> None:
+    """Refuse (UsageError) a run's files that cannot be written, and a bad log_dir."""
+    files = {"--save-path": run.model, "its state for --resume": run.last, "its CSV": run.csv,
+             "its mistakes picture": run.mistakes}  # as the messages name them
     same = [os.path.abspath(p).casefold() for p in files.values()]  # m.CSV is m.csv on Windows
     if len(set(same)) < len(same):  # --save-path m.csv: the metrics would be written over it
         what, path = next(iter(files.items()))
@@ -175,105 +179,104 @@ def failure(err: Exception, expected: type, debug: bool, prefix: str) -> str:
 
 
 # the files of a training run, and --resume ---------------------------------------------------
-class RunFiles:
-    """A run's checkpoint (best model; last epoch's state for --resume), .csv and _mistakes.png.
-    An earlier run's are kept, renamed (mnist_mlp.2026-12-01_10-05-33.pt: the time they were
-    written), so the newest model is where predict.py looks."""
+class RunFiles(NamedTuple):
+    """A run's files: the best model (which predict.py loads), the last epoch's state (which
+    --resume goes on from), the metrics (.csv) and the pictures of the mistakes."""
+    model: Path
+    last: Path
+    csv: Path
+    mistakes: Path
 
-    def __init__(self, checkpoint: Path, dry_run: bool = False) -> None:
-        self.checkpoint, self.dry_run = checkpoint, dry_run
-        self.csv = checkpoint.with_suffix(".csv")
-        self.mistakes = checkpoint.with_name(f"{checkpoint.stem}_mistakes.png")
-        self.resumed: dict | None = None  # --resume: the checkpoint this run goes on from
-        self.saved: tuple[int, float] | None = None  # (epoch, val acc) of the best on disk
-        self.last_epoch = 0  # the last epoch whose training state is on disk
-        self.kept: Path | None = None  # where the earlier run's checkpoint was moved
+    @classmethod
+    def beside(cls, model: Path) -> "RunFiles":
+        return cls(model, model.with_name(f"{model.stem}_last{model.suffix}"),
+                   model.with_suffix(".csv"), model.with_name(f"{model.stem}_mistakes.png"))
 
-    @contextlib.contextmanager
-    def saving(self, epoch: int, best: tuple[int, float]):
-        """Around an epoch's writes: Ctrl-C waits until they are all done, and at this run's
-        first save an earlier run's files are renamed first (and back if a write fails)."""
-        with stop_signals(hold=True):
-            moves = self.earlier_files() if self.saved is None and not self.resumed else {}
-            done = []
-            try:
-                for old, new in moves.items():
-                    try:
-                        os.replace(old, new)
-                    except OSError as err:
-                        raise common.OutputError(f"could not rename the earlier run's {old}: "
-                                                 f"{err.strerror}. Nothing was replaced") from err
-                    done.append((old, new))
-                yield
-            except BaseException:
-                for old, new in reversed(done):
-                    os.replace(new, old)
-                raise
-            self.saved, self.last_epoch = best, epoch
-            self.kept = moves.get(self.checkpoint, self.kept)
-        if moves:  # said after the writes, which a closed output then cannot stop
-            (old, new), *rest = moves.items()
-            extras = [p.name.removeprefix(self.checkpoint.stem) for p, _ in rest]
-            print(f"an earlier run's files are kept: {old} -> {new}"
-                  + (f", with its {' and '.join(extras)}" if extras else ""))
 
-    def earlier_files(self) -> dict[Path, Path]:
-        """{an earlier run's file: its stamped name}; a dry run's are replaced by a dry run."""
-        mine = [p for p in (self.checkpoint, self.csv, self.mistakes) if p.exists()]
-        with contextlib.suppress(common.CheckpointError):  # a damaged file is kept, as any
-            if not mine or self.dry_run and mine[0] == self.checkpoint and (
-                    common.load_checkpoint(self.checkpoint).get("training", 1) is None):
-                return {}
-        stamp = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(mine[0].stat().st_mtime))
-        for n in range(1, 1000):  # two runs saved in the same second: -2, -3, ...
-            name = f"{self.checkpoint.stem}.{stamp}{f'-{n}' if n > 1 else ''}"
-            new = RunFiles(self.checkpoint.with_name(name + self.checkpoint.suffix))
-            if not any(p.exists() for p in (new.checkpoint, new.csv, new.mistakes)):
-                break
-        return {old: n for old, n in zip((self.checkpoint, self.csv, self.mistakes),
-                                         (new.checkpoint, new.csv, new.mistakes)) if old in mine}
-
-    def training_state(self, epoch: int, history: list) -> dict | None:
-        """What --resume needs to go on after `epoch` as if never stopped (a dry run: none)."""
-        return None if self.dry_run else {
-            "epoch": epoch, "history": history, "settings": self.settings,
-            "rng": torch.get_rng_state(),
-            **{name: thing.state_dict() for name, thing in self.objects.items() if thing}}
-
-    def begin(self, settings: list[str], **objects) -> tuple[float, int, dict | None, list]:
-        """Keep what --resume needs saved (the settings as command-line words, objects' state);
-        put a resumed run's back. Return the best accuracy, epoch, weights, history so far."""
-        self.settings, self.objects = settings, objects
-        if not self.resumed:
-            return -1.0, 0, None, []
-        state = self.resumed["training"]
+def set_aside(files: RunFiles, moved: dict[Path, Path]) -> None:
+    """Rename an earlier run's files, so that a new run never replaces them, to names stamped
+    with the time its model was written (mnist_mlp.2026-12-01_10-05-33.pt), and say so. `moved`
+    gets {old: new} as they go: put_back() can undo it, even after a failure halfway."""
+    found, stem = [p for p in files if p.exists()], files.model.stem
+    if not found:
+        return
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(found[0].stat().st_mtime))
+    for n in range(1, 1000):  # two runs saved in the same second: -2, -3, ...
+        tag = f"{stamp}-{n}" if n > 1 else stamp
+        moves = {p: p.with_name(f"{stem}.{tag}{p.name[len(stem):]}") for p in found}
+        if not any(new.exists() for new in moves.values()):
+            break
+    for old, new in moves.items():
         try:
-            for name, thing in self.objects.items():
-                if thing is not None:
-                    thing.load_state_dict(state[name])
-        except (KeyError, TypeError, ValueError, RuntimeError) as err:
-            lines = [line.strip() for line in str(err).splitlines() if line.strip()] + [""] * 2
-            raise common.CheckpointError(f"--resume: the training state does not fit the model "
-                                         f"its settings describe ({lines[1].rstrip('. ')}): start "
-                                         "a new run without --resume") from None
-        ## The CPU's random numbers (dropout, --augment), as if never interrupted. Under
-        ## torchrun only rank 0's were saved, and each rank draws its own: they keep theirs.
-        if "WORLD_SIZE" not in os.environ:  # not under torchrun
-            torch.set_rng_state(state["rng"])
-        return (self.resumed["val_accuracy"], self.resumed["epoch"], self.resumed["state_dict"],
-                state["history"])
+            os.replace(old, new)
+        except OSError as err:
+            raise common.OutputError(f"could not rename the earlier run's {old}: {err.strerror}. "
+                                     "Nothing was replaced") from err
+        moved[old] = new
+    (old, new), *rest = moves.items()
+    extras = [p.name[len(stem):] for p, _ in rest]
+    print(f"an earlier run's files are kept: {old} -> {new}"
+          + (f", with its {', '.join(extras)}" if extras else ""))
 
-    def on_disk(self, go_on: str | None, epochs: int) -> str:
-        """What is on disk now, for the line that ends a stopped run."""
-        if self.saved is None:
-            return (f"This run saved nothing: {self.checkpoint}, an earlier run's, is unchanged."
-                    if self.checkpoint.exists() else "This run saved nothing yet.")
-        kept = f"; the earlier run's model is kept as {self.kept}" if self.kept else ""
-        next_step = (f" Training had finished ({epochs} of {epochs} epochs); only the final test "
-                     "and the mistakes picture were cut short." if self.last_epoch == epochs
-                     else f" To go on from the last epoch saved: {go_on}." if go_on else "")
-        return (f"{self.checkpoint} holds this run's best model so far (epoch {self.saved[0]}, "
-                f"val acc {self.saved[1]:.4f}), complete and loadable{kept}.{next_step}")
+
+def put_back(moves: dict[Path, Path]) -> None:
+    """Undo set_aside(): for a run that saved nothing."""
+    for old, new in moves.items():
+        os.replace(new, old)
+
+
+def save_state(path: Path, state: dict, history: list, args: argparse.Namespace,
+               names: tuple[str, ...], **about) -> None:
+    """Save the last epoch's model (state["model"]) and what else training changes (the state of
+    `state`'s other objects, the random numbers, the `history` of epochs, the settings `names`
+    of `args`): --resume goes on from there. It loads in predict.py like any checkpoint."""
+    if args.dry_run:  # one batch: nothing to go on with
+        return
+    epoch, val_acc = history[-1][0], history[-1][3]
+    training = {"epoch": epoch, "history": history, "settings": as_words(args, names),
+                "rng": torch.get_rng_state(),
+                **{name: thing.state_dict() for name, thing in state.items()
+                   if thing is not None and name != "model"}}
+    common.save_checkpoint(path, state["model"], epoch=epoch, val_accuracy=val_acc,
+                           training=training, **about)
+
+
+def resume(path: Path, state: dict) -> tuple[int, int, float, list]:
+    """Load save_state()'s file back into `state`'s objects; return the epoch to go on with,
+    the best epoch so far and its accuracy, and the history of epochs."""
+    checkpoint = common.load_checkpoint(path)
+    saved = checkpoint["training"]  # load_training_state() checked it before any work
+    try:
+        for name, thing in state.items():
+            if thing is not None:
+                thing.load_state_dict(checkpoint["state_dict"] if name == "model" else saved[name])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()] + [""] * 2
+        raise common.CheckpointError(f"--resume: the training state does not fit the model its "
+                                     f"settings describe ({lines[1].rstrip('. ')}): start a new "
+                                     "run without --resume") from None
+    ## The CPU's random numbers (dropout, --augment), as if never stopped. Under torchrun only
+    ## process 0's were saved, and each process draws its own: they keep theirs.
+    if common.process_count() == 1:
+        torch.set_rng_state(saved["rng"])
+    history = saved["history"]
+    best = max(history, key=lambda row: row[3])  # the first epoch at the best accuracy: saved
+    return saved["epoch"] + 1, best[0], best[3], history
+
+
+def on_disk(files: RunFiles, kept: dict[Path, Path], epochs: int, go_on: str | None = None) -> str:
+    """What a run that stopped early leaves on disk, read from the files themselves."""
+    if not files.model.exists():
+        return (f"This run saved nothing: {files.model}, an earlier run's, is unchanged."
+                if kept else "This run saved nothing yet.")
+    best = common.load_checkpoint(files.model)
+    done = common.load_checkpoint(files.last)["training"]["epoch"] if files.last.exists() else 0
+    earlier = f"; the earlier run's model is kept as {kept[files.model]}" if kept else ""
+    next_step = (f" Training had finished ({epochs} of {epochs} epochs); only the final test "
+                 "and the mistakes picture were cut short." if done == epochs
+                 else f" To go on from the last epoch saved: {go_on}." if go_on and done else "")
+    return (f"{files.model} holds this run's best model so far (epoch {best['epoch']}, val acc "
+            f"{best['val_accuracy']:.4f}), complete and loadable{earlier}.{next_step}")
 
 
 def as_words(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
@@ -287,25 +290,33 @@ def as_words(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
     return words
 
 
-def load_training_state(run: RunFiles, args: argparse.Namespace, parser: argparse.ArgumentParser,
-                        argv: list[str] | None, names: tuple[str, ...],
-                        may_change: tuple[str, ...] = ()) -> argparse.Namespace:
-    """--resume: read run.checkpoint into run.resumed and its settings (`names`) into `args`, which
-    must match those typed, except `may_change`; return the saved settings."""
-    checkpoint = common.load_checkpoint(run.checkpoint)
+def check_resume(args: argparse.Namespace, parser: argparse.ArgumentParser,
+                 argv: list[str] | None, files: RunFiles, names: tuple[str, ...]) -> None:
+    """--resume: read the settings (`names`) saved with the run into `args`, which must match
+    those typed (--epochs may grow), and check that the run can go on."""
+    if args.dry_run:
+        raise UsageError("--resume goes on with a real run; a --dry-run has nothing to resume")
+    if not (path := files.last).exists():
+        raise UsageError(f"--resume: there is no run to resume at {files.model}: " + (
+            f"{path.name}, the state to go on from, is not beside it (a dry run, or a version "
+            "before it, saved none): start a new run without --resume" if files.model.exists()
+            else "it saved no epoch yet (start it again without --resume), or it was started "
+            "with another --save-path (or --model or --dataset): give that one"))
+    common.load_checkpoint(files.model)  # the best so far, which the run goes on to beat: whole?
+    checkpoint = common.load_checkpoint(path)
     if not isinstance(state := checkpoint.get("training"), dict):
-        raise UsageError(f"--resume: {run.checkpoint} holds no training state (a dry run's, or "
-                         "saved before --resume existed): start a new run without --resume")
+        raise UsageError(f"--resume: {path} holds no training state: start a new run without "
+                         "--resume")
     try:  # the saved settings go through argparse's checks, as if typed: damage fails there
         parser.exit_on_error = False
         saved, extra = parser.parse_known_args(list(state["settings"]))  # None: reads sys.argv
-        missing = [k for k in ("epoch", "model", "optimizer", "rng", "history") if k not in state]
+        missing = [k for k in ("epoch", "optimizer", "rng", "history") if k not in state]
         if extra or missing:
             raise ValueError(f"unknown settings {' '.join(extra)}" if extra else
                              f"it has no {missing[0]!r} part")
     except (argparse.ArgumentError, KeyError, TypeError, ValueError) as err:
-        raise common.CheckpointError(f"{run.checkpoint} cannot be resumed: its training state is "
-                                     f"damaged ({err}): start a new run without --resume") from None
+        raise common.CheckpointError(f"{path} cannot be resumed: its training state is damaged "
+                                     f"({err}): start a new run without --resume") from None
     finally:
         parser.exit_on_error = True
     given = {a.dest for a in parser._actions for o in a.option_strings for word in
@@ -313,15 +324,22 @@ def load_training_state(run: RunFiles, args: argparse.Namespace, parser: argpars
     for name in names:
         if name not in given:
             setattr(args, name, getattr(saved, name))
-        elif getattr(args, name) != getattr(saved, name) and name not in may_change:
+        elif getattr(args, name) != getattr(saved, name) and name != "epochs":
             said = [" " + " ".join(as_words(n, (name,))) if as_words(n, (name,)) else
                     f"out --{name.replace('_', '-')}" for n in (saved, args)]
             raise UsageError(f"--resume: this run was started with{said[0]}, not with{said[1]}; "
                              f"leave --{name.replace('_', '-')} out to go on with it, or start "
                              "a new run")
-    run.resumed, run.saved = checkpoint, (checkpoint["epoch"], checkpoint["val_accuracy"])
-    run.last_epoch = state["epoch"]
-    return saved
+    done = state["epoch"]
+    if args.schedule != "constant" and args.epochs != saved.epochs:  # planned over its epochs
+        raise UsageError(f"--resume: this run's {args.schedule} learning rate was planned over "
+                         f"{saved.epochs} epochs, so it cannot go on to {args.epochs}; leave "
+                         "--epochs out, or start a new run")
+    if args.epochs <= done:
+        raise UsageError(f"--resume: this run's last saved epoch is {done}; pass --epochs with "
+                         f"more than {done} to go on")
+    if is_main_process():
+        print(f"resuming {files.model}: epochs {done + 1} to {args.epochs}")
 
 
 def command_to_go_on(script: str, argv: list[str] | None, flag: str) -> str:
@@ -368,18 +386,15 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM,  # Ctrl-C, and `kill` or a job sc
 
 
 @contextlib.contextmanager
-def stop_signals(hold: bool = False):
-    """Inside the block, every stop signal raises KeyboardInterrupt, as Ctrl-C does (`finally`
-    blocks then run, and the script says one line); with hold=True, only after the block."""
+def stop_signals():
+    """Inside the block, every stop signal raises KeyboardInterrupt, as Ctrl-C does: `finally`
+    blocks then run, and the script says one line."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may set handlers: the host program handles Ctrl-C
         return
-    received = []
 
     def stop(signum, frame):
-        if not hold:
-            raise KeyboardInterrupt
-        received.append(signum)
+        raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     try:
@@ -387,8 +402,6 @@ def stop_signals(hold: bool = False):
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if received:
-        raise KeyboardInterrupt
 
 
 def stopped(err: BaseException, on_disk: str, quiet_pipe: bool = False) -> int:
@@ -434,12 +447,8 @@ def run_script(main: Callable[[], int]) -> None:
 
 
 # torchrun -------------------------------------------------------------------------------------
-## `torchrun --nproc_per_node=N script.py` starts N copies of the script, "ranks" 0..N-1, which
-## find their numbers in environment variables; each trains on its share of every batch.
-def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
-    """Join torchrun's processes, if this is one of them; return (rank, world size, device)."""
-    if "WORLD_SIZE" not in os.environ:  # a plain `python script.py`
-        return 0, 1, device
+def init_distributed(device: torch.device) -> tuple[int, torch.device]:
+    """Join the other processes that torchrun started; return (this one's rank, its device)."""
     if device.type == "mps":
         raise UsageError("torchrun cannot use Apple's GPU (mps), as gloo takes CPU tensors only: "
                          "add --device cpu, or run without torchrun to use the GPU")
@@ -460,26 +469,12 @@ def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
     nccl = device.type == "cuda" and sys.platform != "win32"
     ## device_id: this rank's GPU, told once here, or each collective guesses it (and warns).
     dist.init_process_group("nccl" if nccl else "gloo", device_id=device if nccl else None)
-    return dist.get_rank(), dist.get_world_size(), device
+    return dist.get_rank(), device
 
 
 def is_main_process() -> bool:
     """True in a plain run and on rank 0, also before the processes have joined."""
     return os.environ.get("RANK", "0") == "0"
-
-
-def reduce_metrics(train_loss: float, val_loss: float, val_acc: float, val_count: int,
-                   world: int, device: torch.device) -> tuple[float, float, float]:
-    """This rank's numbers made whole-dataset ones (unchanged in a plain run)."""
-    if world == 1:
-        return train_loss, val_loss, val_acc
-    ## Training shards are padded to equal sizes, so the training loss is the mean of the
-    ## ranks' means. Validation shards are not: sum the totals over ranks, then divide once.
-    sums = torch.tensor([train_loss, val_loss * val_count, val_acc * val_count, val_count],
-                        dtype=torch.float64, device=device)  # float64: exact enough sums
-    torch.distributed.all_reduce(sums)
-    train_sum, loss_sum, correct, total = sums.tolist()
-    return train_sum / world, loss_sum / total, correct / total
 
 
 def leave_distributed(wait: bool) -> None:
@@ -508,15 +503,11 @@ def amp_dtype(choice: str | None, device: torch.device) -> torch.dtype | None:
             None: None}[choice]  # "auto" left: a CPU, or Apple's or Intel's GPU
 
 
-def set_maths(device: torch.device, deterministic: bool) -> None:
-    """Faster maths where no result that matters changes, and --deterministic's rules."""
-    torch.set_flush_denormal(True)  # float32 below 1e-38, slow on many CPUs, as 0 (docs/speed.md)
-    if device.type == "cuda":  # TF32: float32 matmuls on tensor cores, with a shorter mantissa
-        torch.set_float32_matmul_precision("high")
-    if deterministic:  # GPUs: forbid the kernels whose sums vary from run to run
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first matmul
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
+def make_deterministic() -> None:
+    """--deterministic: forbid the GPU kernels whose sums vary from run to run."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first matmul
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
 
 
 def compile_problem(device: torch.device) -> str | None:
@@ -533,13 +524,61 @@ def compile_problem(device: torch.device) -> str | None:
     return None
 
 
-def missing_gpu_note(device: torch.device) -> str | None:
-    """A note, for the main process, when `device` is the CPU although an NVIDIA driver is
-    installed (nvidia-smi is looked up, never run: running it takes seconds); else None."""
+def note_missing_gpu(device: torch.device) -> None:
+    """Print a note, in the main process, when `device` is the CPU although an NVIDIA driver is
+    installed (nvidia-smi is looked up, never run: running it takes seconds)."""
     if device.type != "cpu" or not is_main_process() or shutil.which("nvidia-smi") is None:
-        return None
-    return "note: an NVIDIA driver is installed (nvidia-smi), but this runs on the CPU: " + (
+        return
+    print("note: an NVIDIA driver is installed (nvidia-smi), but this runs on the CPU: " + (
         f"this PyTorch ({torch.__version__}) is a CPU-only build; install the CUDA build from "
         "https://pytorch.org/get-started/locally/" if torch.version.cuda is None else
         f"this PyTorch is built for CUDA {torch.version.cuda}, but it finds no usable GPU: the "
-        "driver may be too old for it, or CUDA_VISIBLE_DEVICES hides the GPU")
+        "driver may be too old for it, or CUDA_VISIBLE_DEVICES hides the GPU"))
+
+
+# memory -----------------------------------------------------------------------------------------
+def memory_size(device: torch.device) -> int | None:
+    """Bytes of memory that `device` has: the GPU's own, or the machine's RAM (None: unknown)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    with contextlib.suppress(AttributeError, ValueError, OSError):  # Windows has no sysconf
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # Apple's GPUs share it
+    return None
+
+
+def too_big(weights: int, copies: int, device: torch.device) -> str | None:
+    """Why `copies` float32 copies of a model's `weights` cannot fit in `device`'s memory."""
+    need, have = 4 * weights * copies, memory_size(device)
+    if have is None or need <= have:
+        return None
+    where = "this GPU" if device.type == "cuda" else "this machine"
+    return (f"training it takes {need / 2**30:,.1f} GiB or more (the weights, their gradients "
+            f"and the optimizer's averages), and {where} has {have / 2**30:,.1f} GiB")
+
+
+def check_model_size(args: argparse.Namespace, sizes: dict, device: torch.device) -> None:
+    """Refuse (UsageError) model sizes whose training cannot fit in `device`'s memory."""
+    if not sizes:  # the model's own sizes: small
+        return
+    ## Built on the "meta" device, a model has shapes but no memory: its size costs nothing.
+    with torch.device("meta"):
+        weights = sum(p.numel() for p in common.build_model(args.model, **sizes).parameters())
+    if problem := too_big(weights, 5 if args.ema else 4, device):  # --ema: one more copy
+        raise UsageError(f"{' '.join(as_words(args, ('hidden', 'channels')))} makes a model of "
+                         f"{weights:,} weights: {problem}; give smaller sizes")
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether `err` says that memory ran out: a GPU's OutOfMemoryError, a CPU's failed malloc."""
+    return isinstance(err, torch.OutOfMemoryError) or any(
+        words in str(err) for words in ("you tried to allocate", "out of memory"))
+
+
+def memory_words(err: BaseException) -> str:
+    """The size the allocator could not find, from its message, in words."""
+    found = re.search(r"allocate ([\d.]+) (bytes|[KMGT]iB)", str(err), re.IGNORECASE)
+    if found is None:
+        return "the allocator found no more"
+    size = (f"{float(found[1]) / 2**30:,.1f} GiB" if found[2].lower() == "bytes"
+            else " ".join(found.groups()))
+    return f"it could not find {size} more"

@@ -182,20 +182,23 @@ def test_bfloat16_autocast_still_learns_on_the_cpu():
     assert losses[-1] < 0.5 * losses[0]
 
 
-def test_without_a_scaler_the_loop_calls_backward_and_step_itself(monkeypatch):
-    ## float32: the plain loss.backward(); optimizer.step() of every tutorial, no GradScaler.
-    def no_scaler(*args, **kwargs):
-        raise AssertionError("a GradScaler was created for float32 training")
-
-    monkeypatch.setattr(torch.amp, "GradScaler", no_scaler)
+def test_without_a_scaler_the_loop_trains_exactly_as_the_plain_five_steps():
+    ## float32: the disabled GradScaler hands loss.backward() and optimizer.step() through, so
+    ## the weights are those of the plain loop of every tutorial, bit for bit.
     x, y = separable_data(n=64)
-    model = nn.Linear(10, 3)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, plain = nn.Linear(10, 3), nn.Linear(10, 3)
+    plain.load_state_dict(model.state_dict())
+    optimizer, plain_optimizer = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, plain))
     steps = []
     optimizer.register_step_post_hook(lambda opt, args, kwargs: steps.append(1))
     common.train_one_epoch(model, DataLoader(TensorDataset(x, y), batch_size=16),
                            nn.CrossEntropyLoss(), optimizer, "cpu", log=None)
-    assert len(steps) == 4
+    for start in range(0, 64, 16):
+        plain_optimizer.zero_grad()
+        nn.CrossEntropyLoss()(plain(x[start : start + 16]), y[start : start + 16]).backward()
+        plain_optimizer.step()
+    assert len(steps) == 4 and torch.equal(model.weight, plain.weight)
+    assert torch.equal(model.bias, plain.bias) and not torch.equal(model.bias, torch.zeros(3))
 
 
 def test_grad_scaler_path_with_clipping_updates_the_weights():
@@ -406,26 +409,27 @@ def test_tensor_loader_visits_every_sample_once_in_a_new_order_each_epoch():
 
 
 @pytest.mark.parametrize("n, world", [(23, 3), (24, 3), (2, 8), (1, 4)])  # last two: more
-def test_tensor_loader_shards_like_distributed_sampler(n, world):  # ranks than samples
-    from torch.utils.data import DistributedSampler
+def test_tensor_loader_shards_like_distributed_sampler(n, world, monkeypatch):  # processes
+    from torch.utils.data import DistributedSampler  # than samples
 
     data = torch.arange(n)
     shards = []
+    monkeypatch.setattr(common, "process_count", lambda: world)  # as torchrun's processes see it
     for rank in range(world):
-        loader = common.TensorLoader(data, data, batch_size=100, shuffle=True, seed=5,
-                                     rank=rank, world_size=world)
+        monkeypatch.setattr(common, "process_rank", lambda: rank)  # noqa: B023
+        loader = common.TensorLoader(data, data, batch_size=100, shuffle=True, seed=5)
         loader.set_epoch(2)
         sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, seed=5)
         sampler.set_epoch(2)
         shard = next(iter(loader))[1]
         assert shard.tolist() == list(sampler)  # the very same indices
-        assert len(list(loader)) == len(loader) == 1  # as many batches on every rank, or DDP hangs
+        assert len(list(loader)) == len(loader) == 1  # as many batches in each, or DDP hangs
         shards.append(shard)
+        ## evaluation (not shuffled): every sample, in every process
+        assert torch.cat([t for _, t in common.TensorLoader(data, data, 5)]).tolist() == list(
+            range(n))
     assert {len(s) for s in shards} == {-(-n // world)}
     assert set(torch.cat(shards).tolist()) == set(range(n))
-    val = [t for r in range(world)
-           for _, t in common.TensorLoader(data, data, 5, rank=r, world_size=world)]
-    assert sorted(torch.cat(val).tolist()) == list(range(n))  # evaluation: no duplicates
 
 
 # checkpoints ------------------------------------------------------------------------------------

@@ -36,13 +36,16 @@ def train(data_dir, save_path, *args):
                              "--val-size", "200", "--log-interval", "5", *args])
 
 
+def last(path):
+    """The file beside a run's best model that --resume goes on from."""
+    return path.with_name(f"{path.stem}_last.pt")
+
+
 def weights(path):
-    """The checkpoint's best weights and, when it has one, its training state's tensors."""
-    checkpoint = torch.load(path, weights_only=True)
-    state = checkpoint.get("training") or {}
-    return ([*checkpoint["state_dict"].values(), *state.get("model", {}).values(),
-             *(t for s in state.get("optimizer", {}).get("state", {}).values()
-               for t in s.values())])
+    """The run's best weights, the last epoch's, and the optimizer's state."""
+    best, state = torch.load(path, weights_only=True), torch.load(last(path), weights_only=True)
+    return [*best["state_dict"].values(), *state["state_dict"].values(),
+            *(t for s in state["training"]["optimizer"]["state"].values() for t in s.values())]
 
 
 def same_weights(a, b):
@@ -66,7 +69,8 @@ def test_trains_end_to_end_and_keeps_the_best_validation_epoch(tiny_mnist, tmp_p
     model, checkpoint = common.load_model(save_path)
     assert checkpoint["epoch"] == accs.index(max(accs)) + 1 and checkpoint["model_name"] == "mlp"
     assert checkpoint["val_accuracy"] == pytest.approx(max(accs), abs=1e-6)
-    assert checkpoint["training"]["epoch"] == 4  # and the state to go on from, of the last epoch
+    ## beside it, the last epoch's model and training state, which --resume goes on from
+    assert common.load_checkpoint(last(save_path))["training"]["epoch"] == 4
     assert rows[0]["saved"] == "1" and out.count("saved best") == sum(int(r["saved"]) for r in rows)
     ## the test accuracy printed is the saved model's, on all 200 test images
     images, labels = common.load_mnist(tiny_mnist, train=False)
@@ -87,7 +91,7 @@ def test_trains_end_to_end_and_keeps_the_best_validation_epoch(tiny_mnist, tmp_p
         img.verify()  # a complete, valid PNG
     assert Image.open(picture).size[1] == math.ceil(min(64, 200 - correct) / 8) * (112 + 24 + 3) + 3
     assert sorted(p.name for p in save_path.parent.iterdir()) == [
-        "best.csv", "best.pt", "best_mistakes.png"]
+        "best.csv", "best.pt", "best_last.pt", "best_mistakes.png"]
 
 
 def test_dry_run_runs_one_batch_of_each_phase_and_replaces_only_its_own_file(
@@ -102,8 +106,7 @@ def test_dry_run_runs_one_batch_of_each_phase_and_replaces_only_its_own_file(
     assert "mistakes picture: not written in a dry run" in out
     ## its own file, never a real run's, and a second dry run replaces the first one's
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
-        "dry_run_mnist_mlp.csv", "dry_run_mnist_mlp.pt"]
-    assert common.load_checkpoint("checkpoints/dry_run_mnist_mlp.pt")["training"] is None
+        "dry_run_mnist_mlp.csv", "dry_run_mnist_mlp.pt"]  # no state for --resume
 
 
 def test_the_confusion_matrix_has_a_row_per_true_digit():
@@ -151,7 +154,7 @@ def dead_unit_after_adam(steps: int = 1000) -> tuple[torch.Tensor, torch.Tensor]
     return weight.detach(), optimizer.state[weight]["exp_avg"]
 
 
-def test_training_flushes_denormals_and_they_change_no_weight():
+def test_training_flushes_denormals_and_they_change_no_weight(tiny_mnist):
     if not torch.set_flush_denormal(True):  # False: this CPU has no such mode (x86 and Arm do)
         pytest.skip("this CPU cannot flush denormals")
     try:
@@ -162,7 +165,7 @@ def test_training_flushes_denormals_and_they_change_no_weight():
         kept_weight, kept_average = dead_unit_after_adam()
         ## Adam's running average is stuck at 4 x 2^-149, where 0.9 x it rounds back to itself.
         assert kept_average.tolist() == [4 * 2.0**-149] * 2
-        safeguards.set_maths(torch.device("cpu"), deterministic=False)
+        mnist_train.setup(mnist_train.build_parser().parse_args(["--data-dir", str(tiny_mnist)]))
         assert (denormal * 1.0).item() == 0
         weight, average = dead_unit_after_adam()
         assert average.count_nonzero() == 0 and torch.equal(weight, kept_weight)
@@ -307,25 +310,25 @@ def test_a_new_run_renames_the_earlier_runs_files_instead_of_replacing_them(tiny
     capsys.readouterr()
     assert train(tiny_mnist, save_path, "--epochs", "1", "--seed", "1") == 0
     kept = tmp_path / f"best.{stamp}.pt"
-    assert (f"an earlier run's files are kept: {save_path} -> {kept}, with its .csv and "
+    assert (f"an earlier run's files are kept: {save_path} -> {kept}, with its _last.pt, .csv, "
             "_mistakes.png") in capsys.readouterr().out
-    ## the earlier run's three files, byte for byte, under the stamped names
+    ## the earlier run's four files, byte for byte, under the stamped names
     assert {name: (tmp_path / name.replace("best", f"best.{stamp}", 1)).read_bytes()
             for name in first} == first
-    assert len(list(tmp_path.iterdir())) == 6
+    assert len(first) == 4 and len(list(tmp_path.iterdir())) == 8
     assert save_path.read_bytes() != first["best.pt"]  # the new run's model, where predict looks
     ## a third run in the same second as the second one keeps both earlier runs
     os.utime(save_path, (kept.stat().st_mtime,) * 2)
     assert train(tiny_mnist, save_path, "--epochs", "1", "--seed", "2") == 0
     assert (tmp_path / f"best.{stamp}-2.pt").exists() and kept.exists()
-    ## a dry run keeps a real run's files too, and replaces only its own
+    ## a dry run given a --save-path keeps what is there, as any run does
     assert train(tiny_mnist, save_path, "--dry-run") == 0
     assert train(tiny_mnist, save_path, "--dry-run") == 0
-    assert len(list(tmp_path.glob("best.*.pt"))) == 3
+    assert len(list(tmp_path.glob("best.*[0-9].pt"))) == 4
 
 
 def interrupt_in_the_saving_of(monkeypatch, epoch, sig=signal.SIGINT):
-    """Send `sig` to this process while `epoch`'s files are being written, as a user might."""
+    """Send `sig` to this process as `epoch`'s last file is written, as a user might."""
     write = reports.write_history
 
     def write_then_signal(path, history, writer):
@@ -343,12 +346,12 @@ def test_a_signal_stops_training_with_complete_files_and_says_what_is_on_disk(
     assert train(tiny_mnist, save_path, "--epochs", "1") == 0
     earlier = save_path.read_bytes()
     ## Ctrl-C (SIGINT) or `kill` (SIGTERM) as the new run saves its first epoch, in a run that
-    ## would otherwise go on for 100000 epochs: held back until the files are whole.
+    ## would otherwise go on for 100000 epochs.
     interrupt_in_the_saving_of(monkeypatch, 1, sig)
     previous = signal.getsignal(sig)
     assert train(tiny_mnist, save_path, "--epochs", "100000") == 130
     err = capsys.readouterr().err.strip()
-    kept = next(tmp_path.glob("best.*.pt"))
+    kept = next(tmp_path.glob("best.*[0-9].pt"))
     acc = common.load_checkpoint(save_path)["val_accuracy"]
     assert err == (f"interrupted: stopped. {save_path} holds this run's best model so far "
                    f"(epoch 1, val acc {acc:.4f}), complete and loadable; the earlier run's "
@@ -356,7 +359,7 @@ def test_a_signal_stops_training_with_complete_files_and_says_what_is_on_disk(
                    f"mnist_train.py --data-dir {tiny_mnist} --save-path {save_path} --val-size "
                    "200 --log-interval 5 --epochs 100000 --resume.")
     assert kept.read_bytes() == earlier
-    assert len(list(tmp_path.iterdir())) == 5  # 3 of the earlier run, 2 of this one: no temporary
+    assert len(list(tmp_path.iterdir())) == 7  # 4 of the earlier run, 3 of this: no temporary
     assert signal.getsignal(sig) is previous  # main() put the caller's handler back
 
 
@@ -405,7 +408,7 @@ def test_ctrl_c_on_the_command_line_exits_130_with_one_line(tiny_mnist, tmp_path
     assert proc.returncode == 130, err[-2000:]
     assert err.strip().startswith("interrupted") and len(err.strip().splitlines()) == 1, err
     common.load_model(save_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.csv", "best.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.csv", "best.pt", "best_last.pt"]
 
 
 def test_a_damaged_mnist_file_is_one_line(tiny_mnist_copy, tmp_path, capsys):
@@ -493,20 +496,28 @@ def test_a_bad_tensorboard_folder_is_refused_before_any_work(tmp_path, capsys, n
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
-def test_a_disk_that_fills_up_keeps_the_previous_run_s_files(tiny_mnist, small_disk, capsys):
-    common.save_checkpoint(Path("/tmp/probe.pt"), common.build_model("mlp"), model_name="mlp",
+def test_a_disk_that_fills_up_keeps_the_previous_run_s_files(tiny_mnist, small_disk, tmp_path,
+                                                             capsys):
+    common.save_checkpoint(tmp_path / "probe.pt", common.build_model("mlp"), model_name="mlp",
                            mean=0.1, std=0.3, epoch=1, val_accuracy=0.5)
-    size = Path("/tmp/probe.pt").stat().st_size  # a model alone; a run's checkpoint: about 4x
-    folder = small_disk(6 * size)  # room for one run's checkpoint, not for two at once
+    size = (tmp_path / "probe.pt").stat().st_size  # a model alone; its state for --resume: 3x
+    folder = small_disk(6 * size)  # room for one run's files, not for two runs' at once
     save_path = folder / "m.pt"
     assert train(tiny_mnist, save_path, "--epochs", "1") == 0
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     capsys.readouterr()
     assert train(tiny_mnist, save_path, "--epochs", "2", "--seed", "1") == 1
     err = capsys.readouterr().err
-    assert err == (f"error: could not write {save_path}: No space left on device. The previous "
-                   "version of that file, if there was one, is unchanged.\n")
-    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # no temporary file
+    kept = next(folder.glob("m.*[0-9].pt"))
+    assert err.startswith(f"error: could not write {folder / 'm_last.pt'}: No space left on "
+                          "device. The previous version of that file, if there was one, is "
+                          f"unchanged. {save_path} holds this run's best model so far (epoch 1")
+    assert err.endswith(f"the earlier run's model is kept as {kept}.\n")
+    ## the earlier run's files, whole under their new names; no temporary file left
+    assert {p.name.replace(kept.stem, "m"): p.read_bytes() for p in folder.iterdir()
+            if p.name.startswith(kept.stem)} == before
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(kept.stem)) == [
+        "m.pt"]
     common.load_model(save_path)
 
 
@@ -535,7 +546,6 @@ def test_a_resumed_run_ends_exactly_where_an_uninterrupted_one_does(tiny_mnist, 
     out = capsys.readouterr().out
     assert f"resuming {broken}: epochs 2 to 3" in out and "epoch 1/3" not in out
     assert "an earlier run's files are kept" not in out  # the same run: nothing renamed
-    assert "PyTorch " in out and "initial loss" not in out  # its model is not untrained
     assert same_weights(broken, whole)
     assert without_seconds(broken.with_suffix(".csv")) == without_seconds(whole.with_suffix(".csv"))
 
@@ -597,9 +607,10 @@ def test_a_scheduled_run_resumes_only_over_the_epochs_its_schedule_was_planned_f
 
 
 def edited(path, edit):
-    checkpoint = torch.load(path, weights_only=True)
+    """Change the training state that --resume reads, beside the run's best model `path`."""
+    checkpoint = torch.load(last(path), weights_only=True)
     edit(checkpoint["training"])
-    torch.save(checkpoint, path)
+    torch.save(checkpoint, last(path))
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -630,13 +641,14 @@ def test_resume_of_a_state_from_another_run_or_version_is_one_line(tiny_mnist, t
     assert (tmp_path / "a.pt").read_bytes() == best  # the run's checkpoint is untouched
 
 
+@pytest.mark.parametrize("damaged", ["a.pt", "a_last.pt"])
 def test_resume_of_a_checkpoint_without_a_training_state_or_changed_after_saving(
-        tiny_mnist, tmp_path, capsys):
+        tiny_mnist, tmp_path, capsys, damaged):
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "1") == 0
-    change_a_tensor_on_disk(tmp_path / "a.pt")
+    change_a_tensor_on_disk(tmp_path / damaged)  # the best model, or the state to go on from
     capsys.readouterr()
     assert train(tiny_mnist, tmp_path / "a.pt", "--resume", "--epochs", "2") == 1
-    assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'a.pt'} is cut short or "
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path / damaged} is cut short or "
                                               "damaged")
     ## A checkpoint of an earlier version: it loads in predict.py; --resume says what it lacks.
     common.set_seed(0)
@@ -645,7 +657,8 @@ def test_resume_of_a_checkpoint_without_a_training_state_or_changed_after_saving
     assert isinstance(common.load_model(tmp_path / "o.pt")[0], common.MLP)
     with pytest.raises(SystemExit):
         train(tiny_mnist, tmp_path / "o.pt", "--resume", "--epochs", "9")
-    assert f"--resume: {tmp_path / 'o.pt'} holds no training state" in capsys.readouterr().err
+    assert (f"--resume: there is no run to resume at {tmp_path / 'o.pt'}: o_last.pt, the state "
+            "to go on from, is not beside it") in capsys.readouterr().err
 
 
 def test_a_state_saved_before_a_setting_existed_resumes_with_its_default(tiny_mnist, tmp_path):
@@ -653,7 +666,7 @@ def test_a_state_saved_before_a_setting_existed_resumes_with_its_default(tiny_mn
     edited(tmp_path / "a.pt", lambda state: state["settings"].remove("--schedule"))  # its value
     edited(tmp_path / "a.pt", lambda state: state["settings"].remove("constant"))  # too
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--resume") == 0
-    settings = torch.load(tmp_path / "a.pt", weights_only=True)["training"]["settings"]
+    settings = torch.load(last(tmp_path / "a.pt"), weights_only=True)["training"]["settings"]
     assert settings[settings.index("--schedule") + 1] == "constant"
 
 
@@ -733,10 +746,10 @@ def test_ema_moves_a_weight_shared_by_two_layers_once_per_step():
 def test_an_ema_run_judges_and_saves_the_averaged_weights(tiny_mnist, tmp_path):
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--ema") == 0
     checkpoint = common.load_checkpoint(tmp_path / "a.pt")
-    saved, state = checkpoint["state_dict"], checkpoint["training"]
-    assert checkpoint["epoch"] == 2 and "--ema" in state["settings"]
-    assert all(torch.equal(saved[k], state["ema"][k]) for k in saved)  # the average was saved...
-    assert not torch.equal(saved["fc1.weight"], state["model"]["fc1.weight"])  # not the last step
+    saved, state = checkpoint["state_dict"], common.load_checkpoint(last(tmp_path / "a.pt"))
+    assert checkpoint["epoch"] == 2 and "--ema" in state["training"]["settings"]
+    assert all(torch.equal(saved[k], state["training"]["ema"][k]) for k in saved)  # the average
+    assert not torch.equal(saved["fc1.weight"], state["state_dict"]["fc1.weight"])  # not the last
     ## ...and judged by its own validation loss and accuracy, not by the last step's.
     model, _ = common.load_model(tmp_path / "a.pt")
     images, labels = common.load_mnist(tiny_mnist, train=True)
@@ -744,39 +757,13 @@ def test_an_ema_run_judges_and_saves_the_averaged_weights(tiny_mnist, tmp_path):
     batch = [(common.normalize_images(images[val], common.MNIST_MEAN, common.MNIST_STD),
               labels[val])]
     last_step = common.build_model("mlp")
-    last_step.load_state_dict(state["model"])
+    last_step.load_state_dict(state["state_dict"])
     criterion = torch.nn.CrossEntropyLoss()
     (loss, acc), (last_loss, _) = [common.evaluate(m, batch, criterion, "cpu")
                                    for m in (model, last_step)]
     logged = read_csv(tmp_path / "a.csv")[1]
     assert float(logged["val_loss"]) == pytest.approx(loss, abs=1e-6) != last_loss
     assert checkpoint["val_accuracy"] == pytest.approx(acc, abs=1e-6)
-
-
-def test_the_average_starts_from_the_weights_that_ddp_gives_every_rank(tiny_mnist, tmp_path,
-                                                                       monkeypatch):
-    ## Each rank draws its own random weights (seed + rank); wrapping in DDP then copies rank
-    ## 0's into every rank's model, in place. Here a stand-in for DDP changes them that way.
-    def ddp_like(model):
-        with torch.no_grad():
-            for weight in model.parameters():
-                weight.add_(1.0)
-        return model
-
-    seen, averages, weight_average = [], [], mnist_train.weight_average
-
-    def first_epoch(model, *args, **kwargs):  # what the model holds as training starts
-        seen.append({k: v.clone() for k, v in model.state_dict().items()})
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(mnist_train, "weight_average",
-                        lambda *a: averages.append(weight_average(*a)) or averages[-1])
-    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", ddp_like)
-    monkeypatch.setattr(mnist_train, "setup", lambda args: (0, 2, torch.device("cpu")))
-    monkeypatch.setattr(safeguards, "reduce_metrics", lambda *a: a[:3])
-    monkeypatch.setattr(common, "train_one_epoch", first_epoch)
-    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "1", "--ema") == 130
-    assert all(torch.equal(averages[0].state_dict()[k], v) for k, v in seen[0].items())
 
 
 # model sizes and another dataset ------------------------------------------------------------------
@@ -959,7 +946,7 @@ def test_gpus_train_with_nccl_told_their_gpu_and_on_windows_with_gloo_without_li
     monkeypatch.setattr(dist, "get_rank", lambda: 0)
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     under_torchrun(monkeypatch)
-    assert safeguards.init_distributed(torch.device("cuda"))[2] == torch.device("cuda", 0)
+    assert safeguards.init_distributed(torch.device("cuda"))[1] == torch.device("cuda", 0)
     assert chosen == [(backend, device_id)]
     assert os.environ.get("USE_LIBUV") == ("0" if platform == "win32" else None)
 

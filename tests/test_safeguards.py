@@ -195,14 +195,19 @@ def test_only_rank_0_is_the_main_process_even_before_torch_distributed_starts(mo
     assert safeguards.is_main_process() is main
 
 
-def test_a_closed_output_as_an_earlier_run_s_files_are_kept_still_lets_the_files_be_written(
+def test_a_closed_output_as_an_earlier_run_s_files_are_kept_still_lets_them_be_put_back(
         tmp_path, monkeypatch):
-    ## `| head -3` closes the pipe just as "an earlier run's files are kept" is said: it is said
-    ## after the writes, which are whole by then, and the run knows what it has on disk.
-    (tmp_path / "a.pt").write_bytes(b"an earlier run's model")
-    run = safeguards.RunFiles(tmp_path / "a.pt")
+    ## `| head -3` closes the pipe just as "an earlier run's files are kept" is said: the files
+    ## are renamed by then, and the caller knows which, so that it can put them back.
+    files = safeguards.RunFiles.beside(tmp_path / "a.pt")
+    files.model.write_bytes(b"an earlier run's model")
+    files.csv.write_bytes(b"its metrics")
+    moved = {}
     monkeypatch.setattr(sys, "stdout", Output(BrokenPipeError(errno.EPIPE, "Broken pipe")))
-    with pytest.raises(BrokenPipeError), run.saving(1, (1, 0.5)):
-        (tmp_path / "a.pt").write_bytes(b"this run's model")
-    assert run.saved == (1, 0.5) and run.kept.read_bytes() == b"an earlier run's model"
-    assert (tmp_path / "a.pt").read_bytes() == b"this run's model"
+    with pytest.raises(BrokenPipeError):
+        safeguards.set_aside(files, moved)
+    assert set(moved) == {files.model, files.csv} and not files.model.exists()
+    assert [p.read_bytes() for p in moved.values()] == [b"an earlier run's model", b"its metrics"]
+    safeguards.put_back(moved)
+    assert files.model.read_bytes() == b"an earlier run's model"
+    assert len(list(tmp_path.iterdir())) == 2
