@@ -826,6 +826,60 @@ def test_fashion_mnist_missing_is_named_with_its_own_folder(tmp_path, capsys, mo
         capsys.readouterr().err
 
 
+# sizes beyond memory ---------------------------------------------------------------------------
+@pytest.mark.skipif(safeguards.memory_size(torch.device("cpu")) is None,
+                    reason="this system does not say how much memory it has (Windows)")
+@pytest.mark.parametrize("flags, says", [
+    (["--hidden", "100000000"], "--hidden 100000000 makes a model of 79,500,000,010 weights: "),
+    (["--model", "cnn", "--channels", "100000", "100000"],
+     "--channels 100000 100000 makes a model of 90,628,301,418 weights: "),
+])
+def test_a_model_too_big_for_memory_is_refused_before_any_work(tmp_path, capsys, no_network,
+                                                               flags, says):
+    with pytest.raises(SystemExit) as exit_:
+        train(tmp_path / "no_data", tmp_path / "m.pt", "--dry-run", *flags)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and says in err and "this machine has" in err
+    assert "Traceback" not in err and not (tmp_path / "no_data").exists()  # nothing fetched
+
+
+@pytest.mark.parametrize("error, said", [
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+                  "allocate memory: you tried to allocate 3221225472 bytes. Error code 12"),
+     "it could not find 3.0 GiB more"),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a "
+                            "total capacity of 79.19 GiB"), "it could not find 20.00 MiB more"),
+])
+def test_memory_running_out_in_training_is_one_line_and_keeps_the_best_model(
+        tiny_mnist, tmp_path, monkeypatch, capsys, error, said):
+    epochs, train_one_epoch = [], common.train_one_epoch
+
+    def out_of_memory_in_epoch_2(*args, **kwargs):
+        epochs.append(1)
+        if len(epochs) == 2:
+            raise error
+        return train_one_epoch(*args, **kwargs)
+
+    monkeypatch.setattr(common, "train_one_epoch", out_of_memory_in_epoch_2)
+    assert train(tiny_mnist, tmp_path / "m.pt", "--epochs", "3") == 1
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith(
+        f"error: out of memory ({said}): lower --batch-size (now 64) or the model's size "
+        f"(--hidden, --channels). {tmp_path / 'm.pt'} holds this run's best model so far "
+        "(epoch 1, ")
+    common.load_model(tmp_path / "m.pt")
+
+
+def test_another_runtime_error_is_a_bug_and_keeps_its_traceback(tiny_mnist, tmp_path,
+                                                               monkeypatch):
+    def bug(*args, **kwargs):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied (64x784 and 10x3)")
+
+    monkeypatch.setattr(common, "train_one_epoch", bug)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        train(tiny_mnist, tmp_path / "m.pt", "--epochs", "1")
+
+
 # a run that did not learn ------------------------------------------------------------------------
 def test_a_run_that_stayed_at_chance_ends_with_the_checks_to_make(tmp_path, capsys):
     from conftest import make_tiny_mnist, write_idx
