@@ -95,32 +95,33 @@ def test_the_reuse_example_trains_and_saves_a_checkpoint(tmp_path, monkeypatch):
     assert checkpoint["val_accuracy"] == namespace["best"] and 1 <= checkpoint["epoch"] <= 10
 
 
-def lesson_path() -> list[tuple[str, str, int, int]]:
-    """(name, file, first line, last line) of each row of the README's lesson-path table."""
-    rows = re.findall(r"^\| [^|]+ \| (`\w+`|docstring) \| \[([\w.]+) (\d+)-(\d+)\]\(\2#L\3-L\4\)"
-                      r" \| (\d+) \|$", README, re.M)
-    assert rows, "the README's lesson-path table is gone"
-    assert all(int(count) == int(b) - int(a) + 1 for *_, a, b, count in rows)
-    return [(name.strip("`"), file, int(a), int(b)) for name, file, a, b, _ in rows]
+def test_the_ladder_starts_with_rung_1_and_names_places_that_exist():
+    import importlib
+    import inspect
 
+    import mnist_train
 
-def test_each_line_range_of_the_lesson_path_is_the_whole_function_it_names():
-    ## So that the ranges cannot go stale: each starts at its `def` (or class) and ends with it.
-    for name, file, first, last in lesson_path():
-        tree = ast.parse((REPO / file).read_text())
-        node = (tree.body[0] if name == "docstring" else
-                next(n for n in tree.body if getattr(n, "name", None) == name))
-        assert (node.lineno, node.end_lineno) == (first, last), (name, file)
-    total = sum(last - first + 1 for *_, first, last in lesson_path())
-    assert total <= 300 and f"| | | in all | {total} |" in README
+    files = re.findall(r"^\| \[`(\w+\.py)`\]", README, re.M)
+    assert files[:2] == ["mnist_minimal.py", "mnist_train.py"]  # read first, then grown
+    table = README[README.index("| growth step |"):]
+    rows = table[:table.index("\n\n")].splitlines()[2:]
+    assert len(rows) >= 7
+    for row in rows:
+        for place in re.findall(r"`([^`]+)`", row.split(" | ")[-1]):
+            if place.startswith("if "):  # a line of train() itself
+                assert place in inspect.getsource(mnist_train.train), place
+            else:  # a function: of mnist_train.py, or of the module it names
+                module, _, name = place.rpartition(".")
+                assert hasattr(importlib.import_module(module or "mnist_train"), name), place
 
 
 def test_a_link_named_after_a_function_points_at_its_def():
     ## [`make_schedule`](mnist_train.py#L264-L277) must start at `def make_schedule`.
-    links = re.findall(r"\[`?(?:[\w.]+\.)?(\w+)(?:\(\))?`?\]\(([\w/]+\.py)#L(\d+)-L(\d+)\)", README)
-    assert len(links) >= 5
-    for name, file, first, last in links:
-        tree = ast.parse((REPO / file).read_text())
+    links = [(page, *link) for page in PAGES for link in re.findall(
+        r"\[`?(?:[\w.]+\.)?(\w+)(?:\(\))?`?\]\(([\w/.]+\.py)#L(\d+)-L(\d+)\)", page.read_text())]
+    assert links
+    for page, name, file, first, last in links:
+        tree = ast.parse((page.parent / file).read_text())
         node = next((n for n in ast.walk(tree) if getattr(n, "name", None) == name), None)
         if node is not None:  # a link named after a step, not a function: its lines exist
             assert (node.lineno, node.end_lineno) == (int(first), int(last)), (name, file)
