@@ -8,6 +8,7 @@ this module (on http.server) answers in JSON what `python predict.py my_digit.pn
 The server is a door into your machine, so it opens little: docs/what-can-go-wrong.md lists how.
 """
 
+import io
 import ipaddress
 import json
 import socket
@@ -22,6 +23,7 @@ from pathlib import Path
 
 PAGE = Path(__file__).resolve().with_name("draw_a_digit.html")
 MAX_BODY = 20 * 1024 * 1024  # bytes: a big phone photo is 5-10 MB
+BODIES_HELD = 4 * MAX_BODY  # bytes of pictures in memory at once, all uploads together
 ROUTES = {"/": "GET", "/model": "GET", "/predict": "POST"}  # each path's one method
 LOOPBACK, EVERY_ADDRESS = ("127.0.0.1", "localhost", "::1"), ("0.0.0.0", "::", "")
 
@@ -33,17 +35,32 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
     if not PAGE.is_file():  # a copy of the repo without it: say so, not "cannot listen"
         raise FileNotFoundError(f"the page {PAGE} is missing: restore it from the repository")
     page = PAGE.read_bytes()  # read once: what is served cannot change while it runs
-    ## Bounded memory: at most 4 bodies held at once, one picture decoded and classified at a time
-    ## (20 MB can decode to 120 megapixels); torch's thread pools then do not fight either.
-    uploads = threading.BoundedSemaphore(4)
+    ## Bounded memory: at most BODIES_HELD bytes of pictures arriving or waiting, one picture
+    ## decoded and classified at a time (20 MB can decode to 120 megapixels); torch's thread
+    ## pools then do not fight either.
     one_at_a_time = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "draw-a-digit"
-        timeout = 60  # seconds a client may take to send a request (and any one read of it)
+        ## Slow clients ("slowloris"): each connection has a thread of its own, so one that sends
+        ## nothing costs little, but it must not keep its connection for ever. As in Apache's
+        ## mod_reqtimeout, the headers have one deadline for all their reads, and the body must
+        ## keep up a minimum rate on average: a byte now and then does not stretch either.
+        header_seconds = 10  # request line and headers: under 2 KB, 4 s at Apache's 500 bytes/s
+        ## The body: 10 s for its first bytes, then 50 KB/s on average, so a 20 MB photo may take
+        ## 7 minutes (400 kbit/s, a poor mobile link). Not slower: bytes that came fast buy time,
+        ## and stay in memory meanwhile. A drawing from the page, a few KB, takes milliseconds.
+        body_seconds, body_rate = 10, 50_000
+        timeout = 60  # seconds for each write of the answer
         ## HTTP/1.0, http.server's default, written out because the refusals rely on it: the
         ## connection closes after each answer, so a body left unread is never read as a request.
         protocol_version = "HTTP/1.0"
+
+        def setup(self) -> None:
+            super().setup()  # self.wfile, and the socket's timeout for writes
+            self.rfile.close()  # replaced by a reader that keeps one deadline for many reads:
+            self.deadline = Deadline(self.connection, self.header_seconds)
+            self.rfile = io.BufferedReader(self.deadline)
 
         def do_GET(self) -> None:  # http.server calls do_<METHOD>
             if self.allowed():
@@ -78,21 +95,17 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
                 self.fail(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                           f"the picture is over the limit of {MAX_BODY // 2**20} MB")
                 return
-            ## A slot for the body: all 4 held (by slow uploads, say) for a whole minute is busy.
-            if not uploads.acquire(timeout=self.timeout):
-                self.fail(HTTPStatus.SERVICE_UNAVAILABLE,
-                          "the server is busy with other uploads: try again")
-                return
+            self.held = 0  # bytes of this body counted in self.server.held
             try:
                 body = self.read_body(size)
-                if body is None:  # not sent within the minute: a stalled client
-                    self.fail(HTTPStatus.REQUEST_TIMEOUT,
-                              f"the picture did not arrive within {self.timeout} s")
+                if body is None:  # too slow, or too many pictures at once: answered
                     return
                 if not body:
                     self.fail(HTTPStatus.BAD_REQUEST, "the picture is empty (0 bytes)")
                     return
                 try:
+                    ## The model's turn, only now that the whole picture is in: an upload that
+                    ## stalls holds nothing that the others need.
                     with one_at_a_time:
                         result = answer(body)
                 except Exception as err:  # a bug: one line here, and the server goes on
@@ -104,25 +117,32 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
                               f"{type(err).__name__}: a bug in the server; its terminal says more")
                     return
             finally:
-                uploads.release()
+                self.server.hold(-self.held)
             self.reply_json(HTTPStatus.BAD_REQUEST if "error" in result else HTTPStatus.OK, result)
 
         def read_body(self, size: int) -> bytes | None:
-            """The body (shorter if the client closed early), or None if it is not all in within
-            `timeout` s: else a client sending a byte now and then would hold its slot for ever."""
-            deadline, body = time.monotonic() + self.timeout, bytearray()
+            """The body (shorter if the client closed early); or None, answered, if it comes
+            too slowly or the pictures in memory would be over BODIES_HELD."""
+            body, started = bytearray(), time.monotonic()
             while len(body) < size:
-                if (remaining := deadline - time.monotonic()) <= 0:
-                    return None
-                self.connection.settimeout(remaining)
+                ## Each body_rate bytes that arrive move the deadline 1 s later (Apache's MinRate).
+                self.deadline.at = started + self.body_seconds + len(body) / self.body_rate
                 try:
                     chunk = self.rfile.read1(min(size - len(body), 1 << 16))  # up to 64 KB
                 except TimeoutError:
+                    self.fail(HTTPStatus.REQUEST_TIMEOUT, "the picture came too slowly: this "
+                              f"server needs {self.body_rate // 1000} KB/s after the first "
+                              f"{self.body_seconds} s")
                     return None
                 if not chunk:  # the client closed the connection: a short body
                     break
+                ## Counted as they arrive: a stalled upload holds only the bytes it sent.
+                if not self.server.hold(len(chunk)):
+                    self.fail(HTTPStatus.SERVICE_UNAVAILABLE,
+                              "the server is receiving too many pictures at once: try again")
+                    return None
+                self.held += len(chunk)
                 body += chunk
-            self.connection.settimeout(self.timeout)  # a full minute again, to send the answer
             return bytes(body)
 
         def send_error(self, code: int, message: str | None = None, explain=None) -> None:
@@ -159,6 +179,7 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
 
         def reply(self, status: HTTPStatus, body: bytes, content_type: str,
                   allow: str | None = None) -> None:
+            self.connection.settimeout(self.timeout)  # not the read deadline's time left
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
@@ -177,6 +198,15 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
         request_queue_size = 64  # connections waiting; the default 5 resets some in a burst
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET  # ::1 is IPv6
         classifying = one_at_a_time  # serve() waits on it at Ctrl-C
+        held, holding = 0, threading.Lock()  # bytes of pictures in memory now, all uploads
+
+        def hold(self, size: int) -> bool:
+            """Count `size` bytes more in memory (fewer if negative), unless over BODIES_HELD."""
+            with self.holding:  # one thread at a time: `+=` alone is not atomic
+                if self.held + size > BODIES_HELD:
+                    return False
+                self.held += size
+                return True
 
         def handle_error(self, request, client_address) -> None:
             ## A browser that goes away before its answer (a reload, a closed tab) breaks the
@@ -185,6 +215,23 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
                 super().handle_error(request, client_address)
 
     return Server((host, port), Handler)
+
+
+class Deadline(io.RawIOBase):
+    """A socket's reads, each allowed only the time left until `at` (a time.monotonic()): a
+    deadline for many reads together, where a socket's timeout is for each read alone."""
+
+    def __init__(self, connection: socket.socket, seconds: float) -> None:
+        self.connection, self.at = connection, time.monotonic() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if (left := self.at - time.monotonic()) <= 0:
+            raise TimeoutError("the client is too slow")  # http.server closes the connection
+        self.connection.settimeout(left)
+        return self.connection.recv_into(buffer)
 
 
 def host_allowed(header: str, host: str, port: int) -> bool:

@@ -7,13 +7,17 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from helpers import press_ctrl_c, start
 from PIL import Image
 
+import common
 import digit_cleanup
 import digit_server
 import predict
@@ -318,13 +322,23 @@ def test_serve_prints_the_address_and_ctrl_c_while_classifying_ends_it_with_one_
         answer.exception(timeout=60)  # answered or cut off: either is fine for the page
 
 
-def test_the_page_can_be_served_on_ipv6s_loopback_too(trained_checkpoint):
+def test_the_page_can_be_served_on_ipv6s_loopback_too():
     try:
-        server = digit_server.make_server("::1", 0, lambda body: {}, {"model": "mlp"})
+        server = digit_server.make_server("::1", 0, lambda body: {"prediction": 7}, {})
     except OSError as err:  # a machine without IPv6
         pytest.skip(f"no IPv6 loopback here: {err}")
-    server.server_close()
-    assert digit_server.host_allowed(f"[::1]:{server.server_port}", "::1", server.server_port)
+    port = server.server_port
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        connection = http.client.HTTPConnection("::1", port, timeout=60)
+        connection.request("POST", "/predict", body=b"a picture",
+                           headers={"Host": f"[::1]:{port}"})  # as a browser names it
+        response = connection.getresponse()
+        assert (response.status, json.loads(response.read())) == (200, {"prediction": 7})
+        connection.close()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_server_on_every_ipv6_address_shows_ipv6s_loopback(capsys):
@@ -349,18 +363,10 @@ def test_a_server_on_every_ipv6_address_shows_ipv6s_loopback(capsys):
     assert "note: listening on every address of this machine: other machines" in out
 
 
-def raw_reply(port: int, head: str, body_parts=(), pause=0.0) -> str:
-    """Send a request's head, then its body in parts `pause` seconds apart; the whole reply."""
-    import time
-
+def raw_reply(port: int, head: str) -> str:
+    """Send a request's head (and body, if any) as it is; the whole reply."""
     connection = socket.create_connection(("127.0.0.1", port), timeout=30)
     connection.sendall(head.encode())
-    try:
-        for part in body_parts:
-            time.sleep(pause)
-            connection.sendall(part)
-    except OSError:  # the server has answered and closed: the rest is not wanted
-        pass
     reply = b""
     while chunk := connection.recv(4096):
         reply += chunk
@@ -368,25 +374,151 @@ def raw_reply(port: int, head: str, body_parts=(), pause=0.0) -> str:
     return reply.decode()
 
 
-def test_a_client_that_trickles_its_body_is_dropped_at_the_deadline():
-    ## One byte every 0.2 s: each read gets something in time, but the whole body does not
-    ## come within the handler's timeout (1 s here, a minute in use), so its slot is freed.
-    import threading
-    import time
-
-    server = digit_server.make_server("127.0.0.1", 0, lambda body: {"ok": True}, {})
-    server.RequestHandlerClass.timeout = 1
+# slow clients ------------------------------------------------------------------------------------
+@contextmanager
+def serving(answer=lambda body: {"ok": True}, **limits):
+    """A server of its own on a free port, its Handler's deadlines set to `limits`: the server."""
+    server = digit_server.make_server("127.0.0.1", 0, answer, {})
+    for name, value in limits.items():  # header_seconds, body_seconds, body_rate
+        setattr(server.RequestHandlerClass, name, value)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        start = time.monotonic()
-        reply = raw_reply(server.server_port, "POST /predict HTTP/1.1\r\nHost: 127.0.0.1:"
-                          f"{server.server_port}\r\nContent-Length: 100\r\n\r\n",
-                          [b"x"] * 20, pause=0.2)
-        assert reply.split()[1] == "408" and "did not arrive within 1 s" in reply
-        assert time.monotonic() - start < 3
+        yield server
     finally:
         server.shutdown()
         server.server_close()
+
+
+def wait_until(condition, what: str) -> None:
+    """Wait for condition() to be true; fail after a minute (a hang, not a slow machine)."""
+    give_up = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < give_up, f"still not {what} after 60 s"
+        time.sleep(0.01)
+
+
+def stalled(port: int, sent: bytes) -> socket.socket:
+    """A connection that sends `sent` and then nothing: a stalled (or malicious) client."""
+    connection = socket.create_connection(("127.0.0.1", port), timeout=30)
+    connection.sendall(sent)
+    return connection
+
+
+def still_open(connection: socket.socket) -> bool:
+    """Whether the server has neither answered nor closed this connection yet."""
+    connection.settimeout(0)  # a look at what has arrived, without waiting
+    try:
+        return not connection.recv(1, socket.MSG_PEEK)  # b"": closed; a byte: an answer
+    except BlockingIOError:  # nothing yet, and no end of the stream: still open
+        return True
+    except OSError:  # reset
+        return False
+    finally:
+        connection.settimeout(30)
+
+
+def trickle(connection: socket.socket) -> int:
+    """Send a byte every 20 ms while the server keeps the connection open, for 30 s at most:
+    the bytes sent. A socket timeout for each read would let it go on for ever."""
+    sent = 0
+    try:
+        while sent < 1500 and still_open(connection):
+            connection.sendall(b"a")
+            sent += 1
+            time.sleep(0.02)
+    except ConnectionError:  # reset: closed by the server with a byte it had not read
+        pass
+    return sent
+
+
+def post_head(port: int, length: int) -> bytes:
+    return (f"POST /predict HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Content-Length: {length}\r\n\r\n").encode()
+
+
+def test_a_picture_is_answered_while_60_uploads_and_60_requests_stall_and_after(
+        trained_checkpoint):
+    ## The deadlines are long here, so that every stalled client is sure to be still stalled
+    ## when the picture's answer comes: what it needed must not be held by them.
+    model, checkpoint = common.load_model(trained_checkpoint)
+    with serving(predict.page_answer(model, checkpoint, "cpu"), header_seconds=600,
+                 body_seconds=600) as server:
+        port = server.server_port
+        uploads = [stalled(port, post_head(port, 100_000) + b"abc") for _ in range(60)]
+        requests = [stalled(port, post_head(port, 100_000)[:30]) for _ in range(60)]
+        wait_until(lambda: server.held == 60 * 3, "reading the 60 bodies")  # their 3 bytes each
+        ## A timeout on the socket, not a measured time: a page that waits fails here.
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        connection.request("POST", "/predict", body=drawn(3))
+        assert connection.getresponse().status == 200
+        connection.close()
+        assert all(still_open(c) for c in uploads + requests)  # answered while they stalled
+        for connection in uploads + requests:
+            connection.close()
+        wait_until(lambda: server.held == 0, "giving back the stalled bodies' memory")
+        assert request(port, "POST", "/predict", drawn(3))[0] == 200
+
+
+def test_a_client_that_sends_no_headers_is_cut_off():
+    with serving(header_seconds=0.5) as server:  # 10 s in use
+        connection = stalled(server.server_port, b"GET / HTTP/1.1\r\n")  # and nothing more
+        assert connection.recv(1) == b""  # closed without an answer, within the 30 s
+        connection.close()
+        assert request(server.server_port, "GET", "/model")[0] == 200
+
+
+def test_a_client_that_trickles_its_headers_is_cut_off_at_the_deadline():
+    ## A header that never ends, a byte every 20 ms: each read gets a byte in time, but the
+    ## headers as a whole have a deadline (0.5 s here).
+    with serving(header_seconds=0.5) as server:
+        connection = stalled(server.server_port, b"GET / HTTP/1.1\r\nX-Slow: ")
+        assert trickle(connection) < 1500  # cut off before the 30 s
+        connection.close()
+        assert request(server.server_port, "GET", "/model")[0] == 200
+
+
+def test_a_body_that_stalls_gets_408_and_its_memory_back():
+    with serving(body_seconds=0.5, body_rate=1000) as server:  # 10 s and 50 KB/s in use
+        port = server.server_port
+        connection = stalled(port, post_head(port, 100_000) + b"abc")  # 3 bytes of 100,000
+        reply = b""
+        while chunk := connection.recv(4096):  # within the 30 s; closed after its reply
+            reply += chunk
+        connection.close()
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.split()[1] == b"408" and json.loads(body) == {
+            "error": "the picture came too slowly: this server needs 1 KB/s after the first "
+                     "0.5 s"}
+        wait_until(lambda: server.held == 0, "giving back the body's memory")
+        assert request(port, "POST", "/predict", b"a picture")[0] == 200
+
+
+def test_a_body_that_trickles_is_cut_off_and_its_memory_given_back():
+    ## 50 bytes/s, under the 1,000 asked for here after the first 0.5 s. A deadline that each
+    ## byte put off, as a socket's timeout, would never end it.
+    with serving(body_seconds=0.5, body_rate=1000) as server:
+        port = server.server_port
+        connection = stalled(port, post_head(port, 100_000) + b"abc")
+        assert trickle(connection) < 1500  # cut off (with a 408) before the 30 s
+        connection.close()
+        wait_until(lambda: server.held == 0, "giving back the body's memory")
+        assert request(port, "POST", "/predict", b"a picture")[0] == 200
+
+
+def test_pictures_over_the_memory_for_uploads_get_503_until_it_is_given_back(monkeypatch):
+    ## 1000 bytes for all the pictures in memory (20 MB x 4 in use): one upload has sent 800 of
+    ## its 900 bytes, so another of 500 bytes would be over.
+    monkeypatch.setattr(digit_server, "BODIES_HELD", 1000)
+    with serving() as server:
+        port = server.server_port
+        first = stalled(port, post_head(port, 900) + bytes(800))
+        wait_until(lambda: server.held == 800, "holding the first upload's 800 bytes")
+        assert request(port, "POST", "/predict", bytes(500)) == (503, {
+            "error": "the server is receiving too many pictures at once: try again"})
+        assert request(port, "POST", "/predict", bytes(100))[0] == 200  # within the 1000
+        first.close()  # cut off: its 800 bytes are given back
+        wait_until(lambda: server.held == 0, "giving back the first upload's memory")
+        assert request(port, "POST", "/predict", bytes(500))[0] == 200
 
 
 @pytest.mark.parametrize("headers, status, error", [
