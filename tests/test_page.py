@@ -59,6 +59,8 @@ def draw(page, digit):
 
 
 def wait_for_answers(page, count):
+    """Wait until `count` strokes' answers are on screen: the page counts each one after it has
+    shown it (window.strokeTimes, for benchmarks/page_speed.py)."""
     page.wait_for_function(f"window.strokeTimes.length >= {count}", timeout=60_000)
 
 
@@ -72,7 +74,6 @@ def test_drawing_a_digit_shows_the_command_lines_guess_and_what_the_model_saw(
         page, trained_checkpoint, tmp_path, capsys):
     draw(page, 7)
     wait_for_answers(page, len(STROKES[7]))
-    page.wait_for_timeout(200)  # the last answer is drawn on the next frame
     shown = page.inner_text("#guess")
     canvas_png = base64.b64decode(page.evaluate(
         "document.getElementById('pad').toDataURL('image/png')").split(",")[1])
@@ -116,14 +117,27 @@ def test_a_picture_over_the_limit_shows_the_limit(page, tmp_path):
 
 
 def test_clear_while_an_answer_is_on_its_way_leaves_the_pad_blank(page):
-    ## Every answer is held back half a second, as a big photo or a busy machine would: Clear,
-    ## pressed meanwhile, must not let the cleared drawing's answer appear afterwards.
+    ## The drawing's answer is held back until Clear has been pressed, as a big photo or a busy
+    ## machine would hold it: when it comes, it must not appear on the cleared pad.
     page.evaluate("""() => { const real = window.fetch;
-        window.fetch = (...args) => new Promise((done) => setTimeout(() => done(real(...args)),
-                                                                     500)); }""")
+        window.handled = 0;  // answers the page's code has finished with
+        window.fetch = async (...args) => {
+            window.fetch = real;  // the next drawing's answer comes as usual
+            const response = await real(...args);
+            await new Promise((done) => { window.letItThrough = done; });
+            const json = response.json.bind(response);
+            response.json = async () => {
+                const answer = await json();
+                setTimeout(() => window.handled++);  // after the code that awaited it has run
+                return answer;
+            };
+            return response;
+        }; }""")
     draw(page, 1)
+    page.wait_for_function("window.letItThrough !== undefined")  # the answer is in, held back
     page.click("#clear")
-    page.wait_for_timeout(1000)  # twice the delay: the answer would be on screen by now
+    page.evaluate("window.letItThrough()")
+    page.wait_for_function("window.handled === 1")
     assert page.inner_text("#guess") == "?" and page.inner_text("#warning") == ""
     draw(page, 1)  # and the next drawing is answered as usual
     page.wait_for_function("document.getElementById('guess').textContent !== '?'")
