@@ -43,13 +43,13 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
     class Handler(BaseHTTPRequestHandler):
         server_version = "draw-a-digit"
         ## Slow clients ("slowloris"): each connection has a thread of its own, so one that sends
-        ## nothing costs little, but it must not keep its connection for ever. As in Apache's
-        ## mod_reqtimeout, the headers have one deadline for all their reads, and the body must
-        ## keep up a minimum rate on average: a byte now and then does not stretch either.
+        ## nothing costs little, but it must not keep its connection for ever. The headers have
+        ## one deadline for all their reads, and the body a minimum rate (read_body()): a byte
+        ## now and then stretches neither, as it would a socket's timeout, which is for one read.
         header_seconds = 10  # request line and headers: under 2 KB, 4 s at Apache's 500 bytes/s
-        ## The body: 10 s for its first bytes, then 50 KB/s on average, so a 20 MB photo may take
-        ## 7 minutes (400 kbit/s, a poor mobile link). Not slower: bytes that came fast buy time,
-        ## and stay in memory meanwhile. A drawing from the page, a few KB, takes milliseconds.
+        ## The body: 10 s at most for any bytes to come, and 50 KB/s on average after the first
+        ## 10 s, so a 20 MB photo may take 7 minutes (400 kbit/s, a poor mobile link). A drawing
+        ## from the page, a few KB, takes milliseconds.
         body_seconds, body_rate = 10, 50_000
         timeout = 60  # seconds for each write of the answer
         ## HTTP/1.0, http.server's default, written out because the refusals rely on it: the
@@ -125,14 +125,17 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
             too slowly or the pictures in memory would be over BODIES_HELD."""
             body, started = bytearray(), time.monotonic()
             while len(body) < size:
-                ## Each body_rate bytes that arrive move the deadline 1 s later (Apache's MinRate).
-                self.deadline.at = started + self.body_seconds + len(body) / self.body_rate
+                ## Apache's MinRate: each body_rate bytes in put the deadline 1 s later. nginx's
+                ## client_body_timeout: a stall ends it after body_seconds all the same, else
+                ## bytes sent fast would buy time to stall in, holding their memory.
+                self.deadline.at = self.body_seconds + min(time.monotonic(),
+                                                           started + len(body) / self.body_rate)
                 try:
                     chunk = self.rfile.read1(min(size - len(body), 1 << 16))  # up to 64 KB
                 except TimeoutError:
-                    self.fail(HTTPStatus.REQUEST_TIMEOUT, "the picture came too slowly: this "
-                              f"server needs {self.body_rate // 1000} KB/s after the first "
-                              f"{self.body_seconds} s")
+                    self.fail(HTTPStatus.REQUEST_TIMEOUT, "the picture stopped coming or came too "
+                              f"slowly: this server waits {self.body_seconds} s at most, and "
+                              f"needs {self.body_rate // 1000} KB/s on average")
                     return None
                 if not chunk:  # the client closed the connection: a short body
                     break

@@ -478,17 +478,19 @@ def test_a_client_that_trickles_its_headers_is_cut_off_at_the_deadline():
 
 
 def test_a_body_that_stalls_gets_408_and_its_memory_back():
-    with serving(body_seconds=0.5, body_rate=1000) as server:  # 10 s and 50 KB/s in use
+    ## 40,000 bytes at once, then nothing: at the 1 KB/s asked for here (50 KB/s in use) they
+    ## would buy 40 s, but a stall is cut off after 0.5 s (10 s in use) all the same.
+    with serving(body_seconds=0.5, body_rate=1000) as server:
         port = server.server_port
-        connection = stalled(port, post_head(port, 100_000) + b"abc")  # 3 bytes of 100,000
+        connection = stalled(port, post_head(port, 100_000) + bytes(40_000))
         reply = b""
         while chunk := connection.recv(4096):  # within the 30 s; closed after its reply
             reply += chunk
         connection.close()
         head, _, body = reply.partition(b"\r\n\r\n")
         assert head.split()[1] == b"408" and json.loads(body) == {
-            "error": "the picture came too slowly: this server needs 1 KB/s after the first "
-                     "0.5 s"}
+            "error": "the picture stopped coming or came too slowly: this server waits 0.5 s at "
+                     "most, and needs 1 KB/s on average"}
         wait_until(lambda: server.held == 0, "giving back the body's memory")
         assert request(port, "POST", "/predict", b"a picture")[0] == 200
 
