@@ -360,24 +360,30 @@ def test_a_checkpoint_path_that_is_no_file_says_what_it_is(tmp_path, capsys, che
 def test_a_fifo_a_socket_or_a_device_is_one_line_and_the_batch_goes_on(trained_checkpoint,
                                                                         tmp_path, monkeypatch):
     ## A named pipe that nothing writes to would make open() wait for ever: the batch must go
-    ## on to the next picture. A picture piped into standard input is still read.
+    ## on to the next picture. A pipe the process was given is still read: standard input, and
+    ## /dev/fd/N (bash's `<(...)`).
     import os
     import socket
     import subprocess
 
     monkeypatch.chdir(tmp_path)  # a short name for the socket: 104 characters at most
     os.mkfifo("pipe.png")
+    digit_picture(3).save("good.png")
+    given, writer = os.pipe()
+    with os.fdopen(writer, "wb") as pipe:  # a picture of a few KB fits in a pipe's buffer
+        pipe.write(Path("good.png").read_bytes())
     with socket.socket(socket.AF_UNIX) as server:
         server.bind("socket.png")
-        digit_picture(3).save("good.png")
         proc = subprocess.run([sys.executable, str(Path(predict.__file__)), "--checkpoint",
                                str(trained_checkpoint), "pipe.png", "socket.png", "/dev/zero",
-                               "/dev/stdin", "good.png"], input=Path("good.png").read_bytes(),
-                              capture_output=True, timeout=60)  # what fails, if it waits
+                               "/dev/stdin", f"/dev/fd/{given}", "good.png"], pass_fds=[given],
+                              input=Path("good.png").read_bytes(), capture_output=True,
+                              timeout=60)  # what fails, if it waits
+    os.close(given)
     assert proc.returncode == 1
     assert proc.stderr.decode().splitlines() == [
         f"{name}: error: is not a regular file (a named pipe, a device or a socket): give a "
         "picture file, or pipe one in as /dev/stdin" for name in ("pipe.png", "socket.png",
                                                                   "/dev/zero")]
     assert [line.split(": ")[0] for line in results(proc.stdout.decode(), trained_checkpoint)
-            ] == ["/dev/stdin", "good.png"]
+            ] == ["/dev/stdin", f"/dev/fd/{given}", "good.png"]
