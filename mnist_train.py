@@ -418,8 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     except (torch.OutOfMemoryError, RuntimeError) as err:
         if not safeguards.out_of_memory(err):
             raise  # a bug: its traceback
-        print(f"error{rank}: out of memory ({safeguards.memory_words(err)}): lower --batch-size "
-              f"(now {args.batch_size}) or the model's size (--hidden, --channels). "
+        print(f"error{rank}: out of memory: lower --batch-size (now {args.batch_size}) or the "
+              "model's size (--hidden, --channels). "
               f"{safeguards.on_disk(files, kept, args.epochs)}", file=sys.stderr)
     finally:
         if code != 0 and kept and not files.model.exists():  # saved nothing: the earlier run's

@@ -11,7 +11,6 @@ import gc
 import glob
 import importlib.util
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -546,39 +545,22 @@ def memory_size(device: torch.device) -> int | None:
     return None
 
 
-def too_big(weights: int, copies: int, device: torch.device) -> str | None:
-    """Why `copies` float32 copies of a model's `weights` cannot fit in `device`'s memory."""
-    need, have = 4 * weights * copies, memory_size(device)
-    if have is None or need <= have:
-        return None
-    where = "this GPU" if device.type == "cuda" else "this machine"
-    return (f"training it takes {need / 2**30:,.1f} GiB or more (the weights, their gradients "
-            f"and the optimizer's averages), and {where} has {have / 2**30:,.1f} GiB")
-
-
 def check_model_size(args: argparse.Namespace, sizes: dict, device: torch.device) -> None:
     """Refuse (UsageError) model sizes whose training cannot fit in `device`'s memory."""
-    if not sizes:  # the model's own sizes: small
-        return
     ## Built on the "meta" device, a model has shapes but no memory: its size costs nothing.
     with torch.device("meta"):
         weights = sum(p.numel() for p in common.build_model(args.model, **sizes).parameters())
-    if problem := too_big(weights, 5 if args.ema else 4, device):  # --ema: one more copy
+    ## Training holds 4 float32 copies: the weights, their gradients, Adam's two averages
+    ## (SGD's one, --ema's one more). The activations come on top.
+    need, have = 4 * weights * (5 if args.ema else 4), memory_size(device)
+    if sizes and have is not None and need > have:
         raise UsageError(f"{' '.join(as_words(args, ('hidden', 'channels')))} makes a model of "
-                         f"{weights:,} weights: {problem}; give smaller sizes")
+                         f"{weights:,} weights: training it takes {need / 2**30:,.1f} GiB or "
+                         f"more, and {'this GPU' if device.type == 'cuda' else 'this machine'} "
+                         f"has {have / 2**30:,.1f} GiB; give smaller sizes")
 
 
 def out_of_memory(err: BaseException) -> bool:
     """Whether `err` says that memory ran out: a GPU's OutOfMemoryError, a CPU's failed malloc."""
     return isinstance(err, torch.OutOfMemoryError) or any(
         words in str(err) for words in ("you tried to allocate", "out of memory"))
-
-
-def memory_words(err: BaseException) -> str:
-    """The size the allocator could not find, from its message, in words."""
-    found = re.search(r"allocate ([\d.]+) (bytes|[KMGT]iB)", str(err), re.IGNORECASE)
-    if found is None:
-        return "the allocator found no more"
-    size = (f"{float(found[1]) / 2**30:,.1f} GiB" if found[2].lower() == "bytes"
-            else " ".join(found.groups()))
-    return f"it could not find {size} more"
