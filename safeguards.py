@@ -244,7 +244,7 @@ def resume(path: Path, state: dict) -> tuple[int, int, float, list]:
     """Load save_state()'s file back into `state`'s objects; return the epoch to go on with,
     the best epoch so far and its accuracy, and the history of epochs."""
     checkpoint = common.load_checkpoint(path)
-    saved = checkpoint["training"]  # load_training_state() checked it before any work
+    saved = checkpoint["training"]  # check_resume() checked it before any work
     try:
         for name, thing in state.items():
             if thing is not None:
