@@ -37,6 +37,24 @@ def test_predict_classifies_pictures_end_to_end(trained_checkpoint, tmp_path, ca
     assert seen.size == (28, 28) and seen.mode == "L"
 
 
+def test_a_checkpoint_of_an_earlier_version_with_its_training_state_inside_still_classifies(
+        trained_checkpoint, tmp_path, capsys):
+    ## Until this version, the file predict.py loads also held the state for --resume.
+    import common
+
+    checkpoint = common.load_checkpoint(trained_checkpoint)
+    weights = checkpoint["state_dict"]
+    optimizer = torch.optim.Adam(common.build_model("mlp").parameters()).state_dict()
+    checkpoint["training"] = {"epoch": 25, "history": [[25, 0.1, 0.2, 0.9, 0.5, 1]],
+                              "settings": ["--lr", "0.002"], "rng": torch.get_rng_state(),
+                              "model": weights, "optimizer": optimizer}
+    torch.save(checkpoint, tmp_path / "old.pt")
+    digit_picture(3).save(tmp_path / "three.png")
+    old, three = tmp_path / "old.pt", tmp_path / "three.png"
+    assert predict.main(["--checkpoint", str(old), str(three)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].startswith(f"{three}: ")
+
+
 def test_json_output_has_path_prediction_and_ten_probabilities(trained_checkpoint, tmp_path,
                                                                capsys):
     digit_picture(1).save(tmp_path / "one.png")
