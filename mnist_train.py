@@ -12,10 +12,10 @@ What you should see (the MLP, in seconds; the README says how to read each line)
     ...
     Test Accuracy: 0.9730 (9730/10000)      # 0.9730 to 0.9748, by CPU and thread count
 
-This is mnist_minimal.py grown (read that one first): train() keeps its steps, 1. data ->
-2. model -> 3. loss -> 4. optimizer -> 5. training loop -> 6. final test, and adds what a real
-run needs, each where it happens; the README's ladder names them. The details of each step
-follow train(); how a run starts and ends (files, --resume, Ctrl-C) comes last.
+This is mnist_minimal.py grown (read it first): train() is its main(), 1. data -> 2. model ->
+3. loss -> 4. optimizer -> 5. loop -> 6. final test, plus what a real run adds, where it happens
+(the README's ladder names each); its train() and test() became common.train_one_epoch and
+common.evaluate. The details of each step follow train(); how a run starts and ends, last.
 """
 
 import argparse
@@ -39,7 +39,7 @@ from safeguards import RunFiles, UsageError
 
 
 def train(args: argparse.Namespace, files: RunFiles) -> None:
-    """The lesson: mnist_minimal.py's steps, grown into a real run."""
+    """The lesson: mnist_minimal.py's main(), grown into a real run."""
     device, amp_dtype, master_process = setup(args)  # seeds, maths (--amp); torchrun's processes
 
     # 1. data ----------------------------------------------------------------------------------
@@ -120,13 +120,13 @@ def train(args: argparse.Namespace, files: RunFiles) -> None:
         return
     ## The best model, reloaded from disk (proof that it loads), on pictures it has never seen.
     best_model, _ = common.load_model(files.model, device)
-    guesses, truth = predict_all(best_model, test_loader, device, amp_dtype)
+    guesses, truth = predict_all(best_model, test_loader, device, amp_dtype)  # for the matrix
     correct = int((guesses == truth).sum())
     print(f"best epoch {best_epoch} (val acc {best_acc:.4f}) saved to {files.model}; metrics in "
           f"{files.csv}")
     print(f"Test Accuracy: {correct / len(truth):.4f} ({correct}/{len(truth)})")
     reports.after_test(args, files.mistakes, classes, test_images[test_idx], guesses, truth,
-                       best_acc, len(train_idx), [float(row[1]) for row in history])
+                       history, len(train_idx))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,6 +302,12 @@ def weight_average(model: nn.Module, optimizer: torch.optim.Optimizer,
     return averaged
 
 
+def model_card(args: argparse.Namespace, mean: float, std: float) -> dict:
+    """What a checkpoint keeps beside the weights: enough for predict.py to rebuild and use them."""
+    return {"model_name": args.model, "mean": mean, "std": std, "sizes": model_sizes(args),
+            "classes": DATASETS[args.dataset][1], "dataset": args.dataset}
+
+
 def predict_all(model: nn.Module, loader, device: torch.device,
                 amp_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's guess for every picture of `loader`, in order, and the true labels."""
@@ -312,12 +318,6 @@ def predict_all(model: nn.Module, loader, device: torch.device,
             guesses.append(model(inputs.to(device)).argmax(dim=1).cpu())
             truth.append(targets.cpu())
     return torch.cat(guesses), torch.cat(truth)
-
-
-def model_card(args: argparse.Namespace, mean: float, std: float) -> dict:
-    """What a checkpoint keeps beside the weights: enough for predict.py to rebuild and use them."""
-    return {"model_name": args.model, "mean": mean, "std": std, "sizes": model_sizes(args),
-            "classes": DATASETS[args.dataset][1], "dataset": args.dataset}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.epochs = 1 if args.dry_run else args.epochs
-    name = f"{'dry_run_' * args.dry_run}{args.dataset.replace('-', '_')}_{args.model}.pt"
+    name = f"{'dry_run_' if args.dry_run else ''}{args.dataset.replace('-', '_')}_{args.model}.pt"
     files = RunFiles.beside(args.save_path or Path("checkpoints", name))
     master = safeguards.is_main_process()  # a plain run, or torchrun's process 0: it writes
     rank = f" (rank {os.environ['RANK']})" if "RANK" in os.environ else ""  # under torchrun

@@ -1,6 +1,6 @@
 """What mnist_train.py prints around the lesson: a sanity report before training; after the final
 test, the confusion matrix, a picture of the mistakes and a warning for a run that did not learn.
-These are the seed's troubleshooting steps, done for you: each says what to look at first.
+These are the usual first steps of troubleshooting, done for you: each says what to look at.
 """
 
 import contextlib
@@ -67,9 +67,9 @@ def write_history(path: Path, history: list[list], writer) -> None:
 
 
 def after_test(args, mistakes: Path, classes: list[str], images: torch.Tensor,
-               guesses: torch.Tensor, truth: torch.Tensor, best_acc: float, n_train: int,
-               train_losses: list[float]) -> None:
-    """Print the confusion matrix, draw the first mistakes into `mistakes`, warn if no learning."""
+               guesses: torch.Tensor, truth: torch.Tensor, history: list, n_train: int) -> None:
+    """Print the confusion matrix, draw the first mistakes into `mistakes`, and warn if the
+    run (its `history`: a row per epoch, as in the CSV) did not learn."""
     print(format_confusion_matrix(confusion_matrix(guesses, truth, len(classes)), classes))
     wrong = (guesses != truth).nonzero().flatten()
     if args.dry_run:
@@ -84,6 +84,7 @@ def after_test(args, mistakes: Path, classes: list[str], images: torch.Tensor,
     ## Near chance (below twice chance) on validation *and* test: a validation set of a few
     ## pictures can be at 0 by bad luck alone. Runs on fewer than 1,000 pictures get no verdict.
     chance, test_acc = 2 / len(classes), (guesses == truth).float().mean().item()
+    best_acc, train_losses = max(row[3] for row in history), [row[1] for row in history]
     if not args.dry_run and n_train >= 1000 and best_acc < chance and test_acc < chance:
         print(did_not_learn(best_acc, len(classes), args.lr, args.optimizer,
                             train_losses, args.clip_grad))

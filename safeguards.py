@@ -1,6 +1,7 @@
 """What keeps the scripts working in real use, out of the lesson's way; each piece is one call.
 
-Scripts import it, it imports common.py, never the reverse; it knows no script's flags or files.
+Scripts import it, it imports common.py, never the reverse. Where the fix for a problem is a
+flag, its message names the flag.
 """
 
 import argparse
@@ -550,8 +551,8 @@ def check_model_size(args: argparse.Namespace, sizes: dict, device: torch.device
     ## Built on the "meta" device, a model has shapes but no memory: its size costs nothing.
     with torch.device("meta"):
         weights = sum(p.numel() for p in common.build_model(args.model, **sizes).parameters())
-    ## Training holds 4 float32 copies: the weights, their gradients, Adam's two averages
-    ## (SGD's one, --ema's one more). The activations come on top.
+    ## Training holds about 4 float32 copies: the weights, their gradients and Adam's two
+    ## averages (SGD keeps one: a little less), and --ema's one more. Activations come on top.
     need, have = 4 * weights * (5 if args.ema else 4), memory_size(device)
     if sizes and have is not None and need > have:
         raise UsageError(f"{' '.join(as_words(args, ('hidden', 'channels')))} makes a model of "

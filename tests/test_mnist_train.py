@@ -128,7 +128,8 @@ def test_the_mistakes_picture_shows_the_first_64_in_order_and_none_without_mista
     truth = torch.zeros(100, dtype=torch.long)
     args = argparse.Namespace(dry_run=False, lr=1e-3, optimizer="adam", clip_grad=None)
     path = tmp_path / "m_mistakes.png"
-    reports.after_test(args, path, reports.DIGITS, images, truth + 1, truth, 0.9, 100, [0.1])
+    history = [[1, 0.1, 0.2, 0.9, 1.0, True]]  # one epoch: train loss 0.1, val acc 0.9
+    reports.after_test(args, path, reports.DIGITS, images, truth + 1, truth, history, 100)
     assert "the first 64 of 100 mistakes" in capsys.readouterr().out
     img = torch.frombuffer(bytearray(Image.open(path).convert("L").tobytes()), dtype=torch.uint8)
     img = img.view(Image.open(path).height, Image.open(path).width)
@@ -139,7 +140,7 @@ def test_the_mistakes_picture_shows_the_first_64_in_order_and_none_without_mista
         assert abs(int(img[y, x]) - (k + 1)) <= 1, k
     assert Image.open(path).size == (8 * step_x + 3, 8 * step_y + 3)
     path.unlink()
-    reports.after_test(args, path, reports.DIGITS, images, truth, truth, 0.9, 100, [0.1])
+    reports.after_test(args, path, reports.DIGITS, images, truth, truth, history, 100)
     assert "no mistakes on the test set" in capsys.readouterr().out and not path.exists()
 
 
