@@ -191,16 +191,15 @@ class OutputError(Exception):
     """A file that could not be written: a bad path, a full disk, an I/O error."""
 
 
-def save_checkpoint(path: str | Path, model: nn.Module | dict, *, model_name: str, mean: float,
+def save_checkpoint(path: str | Path, model: nn.Module, *, model_name: str, mean: float,
                     std: float, epoch: int, val_accuracy: float, **extra) -> None:
-    """Write the weights of `model` (or a state_dict) and what is needed to rebuild and use it
-    to `path`, all or nothing. `extra`: more plain values to keep with it."""
+    """Write the weights of `model` and what is needed to rebuild and use it to `path`, all or
+    nothing. `extra`: more plain values to keep with it."""
     if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
         model = model.module  # its state_dict's keys would start with "module."
-    if isinstance(model, nn.Module):  # torch.compile(model) keeps the model in ._orig_mod
-        model = getattr(model, "_orig_mod", model).state_dict()
+    model = getattr(model, "_orig_mod", model)  # torch.compile(model) keeps the model there
     buffer = io.BytesIO()  # in memory first: checked below, then written whole or not at all
-    torch.save({"model_name": model_name, "state_dict": model, "mean": float(mean),
+    torch.save({"model_name": model_name, "state_dict": model.state_dict(), "mean": float(mean),
                 "std": float(std), "epoch": int(epoch), "val_accuracy": float(val_accuracy),
                 **extra}, buffer)
     try:  # what load_checkpoint would refuse (a Path, an argparse Namespace): refused now

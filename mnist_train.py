@@ -85,7 +85,8 @@ def train(args: argparse.Namespace, files: RunFiles) -> None:
         model = nn.parallel.DistributedDataParallel(model)
 
     # 5. training loop -------------------------------------------------------------------------
-    about = model_card(args, mean, std)  # what predict.py needs beside the weights
+    about = {"model_name": args.model, "mean": mean, "std": std, "sizes": model_sizes(args),
+             "classes": classes, "dataset": args.dataset}  # what predict.py needs beside weights
     start_epoch, best_epoch, best_acc, history = 1, 0, -1.0, []  # -1: epoch 1 is always saved
     if args.resume:  # go on after the last epoch saved, as if never stopped
         start_epoch, best_epoch, best_acc, history = safeguards.resume(files.last, state)
@@ -302,12 +303,6 @@ def weight_average(model: nn.Module, optimizer: torch.optim.Optimizer,
     return averaged
 
 
-def model_card(args: argparse.Namespace, mean: float, std: float) -> dict:
-    """What a checkpoint keeps beside the weights: enough for predict.py to rebuild and use them."""
-    return {"model_name": args.model, "mean": mean, "std": std, "sizes": model_sizes(args),
-            "classes": DATASETS[args.dataset][1], "dataset": args.dataset}
-
-
 def predict_all(model: nn.Module, loader, device: torch.device,
                 amp_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's guess for every picture of `loader`, in order, and the true labels."""
@@ -415,15 +410,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error{rank}: {str(err).rstrip('.')}.", file=sys.stderr)
     except common.OutputError as err:  # a full disk, say: what was saved before is still there
         print(f"error{rank}: {err} {safeguards.on_disk(files, kept, args.epochs)}", file=sys.stderr)
-    except (torch.OutOfMemoryError, RuntimeError) as err:
-        if not safeguards.out_of_memory(err):
+    except RuntimeError as err:  # torch.OutOfMemoryError included: its words, or a CPU's malloc's
+        if not any(words in str(err) for words in ("out of memory", "you tried to allocate")):
             raise  # a bug: its traceback
         print(f"error{rank}: out of memory: lower --batch-size (now {args.batch_size}) or the "
               "model's size (--hidden, --channels). "
               f"{safeguards.on_disk(files, kept, args.epochs)}", file=sys.stderr)
     finally:
-        if code != 0 and kept and not files.model.exists():  # saved nothing: the earlier run's
-            safeguards.put_back(kept)  # files go back where they were
+        if code != 0 and not files.model.exists():  # saved nothing: the earlier run's files
+            for old, new in kept.items():  # go back where they were
+                os.replace(new, old)
         safeguards.leave_distributed(wait=code == 0)
     return code
 

@@ -196,7 +196,7 @@ class RunFiles(NamedTuple):
 def set_aside(files: RunFiles, moved: dict[Path, Path]) -> None:
     """Rename an earlier run's files, so that a new run never replaces them, to names stamped
     with the time its model was written (mnist_mlp.2026-12-01_10-05-33.pt), and say so. `moved`
-    gets {old: new} as they go: put_back() can undo it, even after a failure halfway."""
+    gets {old: new} as they go: the caller can undo it, even after a failure halfway."""
     found, stem = [p for p in files if p.exists()], files.model.stem
     if not found:
         return
@@ -217,12 +217,6 @@ def set_aside(files: RunFiles, moved: dict[Path, Path]) -> None:
     extras = [p.name[len(stem):] for p, _ in rest]
     print(f"an earlier run's files are kept: {old} -> {new}"
           + (f", with its {', '.join(extras)}" if extras else ""))
-
-
-def put_back(moves: dict[Path, Path]) -> None:
-    """Undo set_aside(): for a run that saved nothing."""
-    for old, new in moves.items():
-        os.replace(new, old)
 
 
 def save_state(path: Path, state: dict, history: list, args: argparse.Namespace,
@@ -303,10 +297,7 @@ def check_resume(args: argparse.Namespace, parser: argparse.ArgumentParser,
             else "it saved no epoch yet (start it again without --resume), or it was started "
             "with another --save-path (or --model or --dataset): give that one"))
     common.load_checkpoint(files.model)  # the best so far, which the run goes on to beat: whole?
-    checkpoint = common.load_checkpoint(path)
-    if not isinstance(state := checkpoint.get("training"), dict):
-        raise UsageError(f"--resume: {path} holds no training state: start a new run without "
-                         "--resume")
+    state = common.load_checkpoint(path).get("training", {})
     try:  # the saved settings go through argparse's checks, as if typed: damage fails there
         parser.exit_on_error = False
         saved, extra = parser.parse_known_args(list(state["settings"]))  # None: reads sys.argv
@@ -489,10 +480,7 @@ def leave_distributed(wait: bool) -> None:
 def amp_dtype(choice: str | None, device: torch.device) -> torch.dtype | None:
     """--amp as a dtype: bfloat16, which keeps float32's range and needs no GradScaler, where
     the device computes it natively; float16 on older NVIDIA GPUs."""
-    if choice == "auto" and device.type == "cuda" and torch.version.hip:  # AMD: ask ROCm
-        with torch.cuda.device(device):
-            choice = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    elif choice == "auto" and device.type == "cuda":  # NVIDIA: native from Ampere (8.0) on
+    if choice == "auto" and device.type == "cuda":  # NVIDIA: native from Ampere (8.0) on; AMD: 9+
         ## Not torch.cuda.is_bf16_supported(): it says True where bfloat16 is only emulated
         ## (T4, V100, RTX 20xx: slower than float32), and about the current GPU, not `device`.
         choice = "bf16" if torch.cuda.get_device_capability(device) >= (8, 0) else "fp16"
@@ -560,8 +548,3 @@ def check_model_size(args: argparse.Namespace, sizes: dict, device: torch.device
                          f"more, and {'this GPU' if device.type == 'cuda' else 'this machine'} "
                          f"has {have / 2**30:,.1f} GiB; give smaller sizes")
 
-
-def out_of_memory(err: BaseException) -> bool:
-    """Whether `err` says that memory ran out: a GPU's OutOfMemoryError, a CPU's failed malloc."""
-    return isinstance(err, torch.OutOfMemoryError) or any(
-        words in str(err) for words in ("you tried to allocate", "out of memory"))
