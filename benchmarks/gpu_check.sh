@@ -16,7 +16,9 @@ step() {
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_capability())'
 T="python3 mnist_train.py --data-dir $D"
+step rung-1 240 bash -c "cd '$C' && python3 '$PWD/mnist_minimal.py' --data-dir '$(realpath "$D")'"
 step default 120 $T --epochs 5 --save-path "$C/mlp.pt"
+step too-big 60 $T --dry-run --hidden 100000000 --save-path "$C/big.pt"  # one line: this GPU has
 step amp-auto 120 $T --epochs 2 --amp --model cnn --save-path "$C/cnn_amp.pt"
 step amp-fp16 120 $T --epochs 1 --amp fp16 --model cnn --save-path "$C/cnn_fp16.pt"
 step compile 180 $T --epochs 2 --compile --save-path "$C/mlp_compile.pt"
