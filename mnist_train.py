@@ -8,9 +8,9 @@
 What you should see (the MLP, in seconds; the README says how to read each line):
 
     PyTorch 2.14.1+cu130 | device cpu | mlp with 109,386 parameters | 55,000 train / ...
-    epoch 1/5 | train loss 0.2850 | val loss 0.1802 | val acc 0.9422 | 0.6 s | saved best
+    epoch 1/5 | train loss 0.2850 | val loss 0.1802 | val acc 0.9422 | 0.5 s | saved best
     ...
-    Test Accuracy: 0.9730 (9730/10000)      # 0.9730 to 0.9748, by CPU and thread count
+    Test Accuracy: 0.9748 (9748/10000)      # 0.9730 to 0.9748, by CPU and thread count
 
 This is mnist_minimal.py grown (read it first): train() is its main(), 1. data -> 2. model ->
 3. loss -> 4. optimizer -> 5. loop -> 6. final test, plus what a real run adds, where it happens
@@ -40,7 +40,7 @@ from safeguards import RunFiles, UsageError
 
 def train(args: argparse.Namespace, files: RunFiles) -> None:
     """The lesson: mnist_minimal.py's main(), grown into a real run."""
-    device, amp_dtype, master_process = setup(args)  # seeds, maths (--amp); torchrun's processes
+    device, amp_dtype, master_process = setup(args)  # seeds, maths, MNIST fetched; torchrun
 
     # 1. data ----------------------------------------------------------------------------------
     ## 60,000 training pictures (uint8 [N, 28, 28], labels 0..9), --val-size of them held out
@@ -82,7 +82,7 @@ def train(args: argparse.Namespace, files: RunFiles) -> None:
     if args.compile:  # in place: training, and evaluation without --ema, run the compiled code
         model.compile()
     if common.process_count() > 1:  # torchrun: backward() averages every process's gradients
-        model = nn.parallel.DistributedDataParallel(model)
+        model = nn.parallel.DistributedDataParallel(model)  # state, eval_model: the model inside
 
     # 5. training loop -------------------------------------------------------------------------
     about = {"model_name": args.model, "mean": mean, "std": std, "sizes": model_sizes(args),

@@ -83,9 +83,9 @@ def after_test(args, mistakes: Path, classes: list[str], images: torch.Tensor,
         print(f"the first {len(first)} of {len(wrong)} mistakes, as pictures: {mistakes}")
     ## Near chance (below twice chance) on validation *and* test: a validation set of a few
     ## pictures can be at 0 by bad luck alone. Runs on fewer than 1,000 pictures get no verdict.
-    chance, test_acc = 2 / len(classes), (guesses == truth).float().mean().item()
+    near_chance, test_acc = 2 / len(classes), (guesses == truth).float().mean().item()
     best_acc, train_losses = max(row[3] for row in history), [row[1] for row in history]
-    if not args.dry_run and n_train >= 1000 and best_acc < chance and test_acc < chance:
+    if not args.dry_run and n_train >= 1000 and best_acc < near_chance and test_acc < near_chance:
         print(did_not_learn(best_acc, len(classes), args.lr, args.optimizer,
                             train_losses, args.clip_grad))
 
