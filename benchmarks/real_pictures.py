@@ -15,7 +15,8 @@ Markdown table of `| file | label | kind | repo | ...` rows, the accuracy is als
 (drawing, photo, scan). Files with a picture's extension (.png, .jpg, ... : PICTURE_SUFFIXES)
 are read by their content, so a JPEG named .png is read right; other files are left out.
 
-It prints, for each checkpoint, the accuracy overall, per kind and per digit, the median ink of
+It prints, for each checkpoint, the accuracy overall, per kind and per digit, its misreadings
+counted by pair (6 -> 5: 4 says four 6s were read as 5, a systematic miss), the median ink of
 the 28x28 inputs, the pictures that got a warning (a real single digit should get none), and the
 time that reading and clean-up took per picture (median, 90th percentile, slowest). A sheet of
 the misses, each picture beside the 28x28 image the model saw and captioned with the model that
@@ -34,6 +35,7 @@ default name, which .gitignore leaves out.
 """
 
 import argparse
+import collections
 import importlib.util
 import re
 import statistics
@@ -174,6 +176,14 @@ def score(args) -> None:
             subset = [r for r in rows if r["label"] == d]
             cells.append(f"{sum(r['guesses'][name] == d for r in subset)}/{len(subset)}")
         print(f"| {name} | " + " | ".join(cells) + " |")
+    print("\nmisreadings, the most frequent first (true -> read: pictures; -1: unreadable):")
+    print("| model | misreadings |")
+    print("|---|---|")
+    for name in readers:
+        pairs = collections.Counter((r["label"], r["guesses"][name]) for r in rows
+                                    if r["guesses"][name] != r["label"])
+        cells = [f"{true} -> {read}: {count}" for (true, read), count in pairs.most_common()]
+        print(f"| {name} | {', '.join(cells) or 'none'} |")
     ## MNIST's digits have a median ink of 0.129 (mean pixel of its 10,000 test digits): a
     ## clean-up that draws as MNIST does comes out near it.
     for version, _ in versions:

@@ -42,6 +42,25 @@ def test_a_folder_with_broken_files_is_scored_and_its_misses_drawn(trained_check
         assert img.width == 6 * 236 + 4
 
 
+def test_misreadings_are_counted_by_pair_the_most_frequent_first(trained_checkpoint, tmp_path,
+                                                                  monkeypatch, capsys):
+    ## Pictures named for another digit are misread on purpose: two 3s named 8, a 5 named 6.
+    for digit, name in ((3, "8_1"), (3, "8_2"), (5, "6_1"), (7, "7_1")):
+        digit_picture(digit).save(tmp_path / f"{name}.png")
+    (tmp_path / "2_empty.png").write_bytes(b"")  # unreadable: read as -1
+    score(monkeypatch, "--images", str(tmp_path), "--checkpoint", str(trained_checkpoint),
+          "--misses", "")
+    out = capsys.readouterr().out
+    table = out[out.index("misreadings, the most frequent first"):].splitlines()
+    assert table[3] == "| mnist_mlp | 8 -> 3: 2, 2 -> -1: 1, 6 -> 5: 1 |"
+    folder = tmp_path / "right"
+    folder.mkdir()
+    digit_picture(7).save(folder / "7_1.png")
+    score(monkeypatch, "--images", str(folder), "--checkpoint", str(trained_checkpoint),
+          "--misses", "")
+    assert "| mnist_mlp | none |\n" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("given, message", [
     ("missing", "--images {}: not a folder"),
     ("3_1.png", "--images {}: not a folder"),
