@@ -9,7 +9,7 @@
     python benchmarks/realistic_digits.py speed      # a 4000 x 3000 photo; a 100 MP picture
     python benchmarks/realistic_digits.py figure     # docs/what_the_model_sees.png
 
-`make` writes 100 pictures for each of the 16 scenarios below (1,600 files, about 50 MB) and a
+`make` writes 100 pictures for each of the 17 scenarios below (1,700 files, about 50 MB) and a
 labels.csv. Everything is drawn from a fixed seed, so the set is identical on every machine.
 The digits come from the MNIST *test* set, which no model here trains on. Each picture mimics
 one way real input differs from MNIST, on top of a random tilt, size and position:
@@ -32,6 +32,8 @@ one way real input differs from MNIST, on top of a random tilt, size and positio
     thin         a paint program's 1-2 px pen (1 px where flat, 2 where steep, as Pillow draws
                  width=2), from black to light gray, on a white canvas; digits 250-600 px tall
                  (PNG)
+    thin_small   a paint program's small canvas: a 1-px pen, black or faint gray (its darkest
+                 pixel 107-181 of 255), the picture 28 or 32 px square (PNG)
 
 `roundtrip` is the clean-up's ground truth. It draws MNIST test digits (--digits of them) in
 the scenarios of KEEP_WIDTH and NEW_WIDTH, without tilt, cleans each picture up and compares the
@@ -77,13 +79,13 @@ import predict
 ## New scenarios go at the end: every picture draws from one random stream, so a scenario
 ## added in the middle would change all the pictures after it.
 SCENARIOS = ["photo", "ballpoint", "marker", "pencil", "colour", "grid", "lined", "shadow",
-             "paint", "mouse", "tight", "margin", "tiny", "small", "far", "thin"]
+             "paint", "mouse", "tight", "margin", "tiny", "small", "far", "thin", "thin_small"]
 ## The round trip (below) uses two groups. These draw the digit with its own stroke width, so
 ## the clean-up should give back the MNIST digit itself...
 KEEP_WIDTH = ["photo", "pencil", "colour", "shadow", "paint", "tight", "margin"]
-## ...and these change it on purpose: mouse and thin are traced along the skeleton, ballpoint
-## and marker are a thin and a fat pen. They have no true width, only MNIST's range to fall in.
-NEW_WIDTH = ["mouse", "thin", "ballpoint", "marker"]
+## ...and these change it on purpose: mouse, thin and thin_small are traced along the skeleton,
+## ballpoint and marker are a thin and a fat pen. They have no true width, only MNIST's range.
+NEW_WIDTH = ["mouse", "thin", "ballpoint", "marker", "thin_small"]
 
 
 # drawing a digit -------------------------------------------------------------------------------
@@ -235,6 +237,10 @@ def render(digit: torch.Tensor, scenario: str, rng: random.Random, g: torch.Gene
         paper, light, sigma, noise = (1.0,) * 3, 0.0, 0.0, 0.0
         ink = (rng.uniform(0.0, 0.75),) * 3  # black to light gray
         thin, height, uneven = True, round(rng.uniform(250, 600)), rng.random() < 0.5
+    elif scenario == "thin_small":  # drawn big, a line 1/7 of a 140-px digit, then saved small
+        paper, light, sigma, noise, margin = (1.0,) * 3, 0.0, 0.0, 0.0, 0.2
+        dark, faint = rng.uniform(0.0, 0.15), rng.uniform(0.42, 0.71)  # 0.42-0.71: 107-181
+        ink, thin, height = (dark if rng.random() < 0.5 else faint,) * 3, True, 140
 
     if scenario == "small":
         alpha = small_digit_alpha(digit, height, anti_aliased, rng.uniform(-8, 8))
@@ -251,6 +257,8 @@ def render(digit: torch.Tensor, scenario: str, rng: random.Random, g: torch.Gene
             alpha = change_width(alpha, max(0, height // 80))
         if scenario == "thin" and uneven:  # one more pixel to the right: steep lines get 2 px
             alpha = torch.maximum(alpha, F.pad(alpha, (1, 0))[:, :-1])
+        if scenario == "thin_small":  # 7 px: one pixel once the 200-odd px picture is 28 or 32
+            alpha = change_width(alpha, 3)
     degrees = rng.uniform(-8, 8)  # drawn in a round trip too: the same random numbers follow
     if round_trip:
         degrees, width_change = 0.0, 0 if scenario in KEEP_WIDTH else width_change
@@ -260,7 +268,7 @@ def render(digit: torch.Tensor, scenario: str, rng: random.Random, g: torch.Gene
     h, w = ah + 2 * pad + rng.randint(0, pad + 1), aw + 2 * pad + rng.randint(0, pad + 1)
     ## paint() shrinks a tiny picture to a square: in a round trip it is made square first, or
     ## a narrow digit (a 1) comes back stretched sideways, bolder than the original.
-    if round_trip and scenario == "tiny":
+    if (round_trip and scenario == "tiny") or scenario == "thin_small":  # a square canvas
         h = w = max(h, w)
     top, left = rng.randint(0, h - ah), rng.randint(0, w - aw)
     full = torch.zeros(h, w)
@@ -283,7 +291,7 @@ def paint(full: torch.Tensor, scenario: str, rng: random.Random, g: torch.Genera
     """Lay ink (`full`, 0..1) on paper, light it, blur and noise it; return (image, suffix)."""
     h, w = full.shape
     canvas = torch.tensor(paper).view(3, 1, 1).expand(3, h, w)
-    if scenario != "thin":  # a paint program's canvas is evenly white
+    if scenario not in ("thin", "thin_small"):  # a paint program's canvas is evenly white
         canvas = canvas * (1 + 0.04 * smooth_noise(h, w, 6, g))
     if scenario in ("grid", "lined"):
         step = rng.randint(max(8, height // 6), max(12, height // 3))
@@ -301,12 +309,12 @@ def paint(full: torch.Tensor, scenario: str, rng: random.Random, g: torch.Genera
         canvas = canvas * shadow(h, w, rng)
     canvas = blur(canvas, sigma * height / 100)
     canvas = canvas + noise * torch.randn(canvas.shape, generator=g)
-    if scenario == "tiny":  # shrink the whole picture to 28 or 32 pixels, as it was saved
+    if scenario in ("tiny", "thin_small"):  # shrink the picture to 28 or 32 px, as saved
         side = rng.choice([28, 32])
         canvas = F.interpolate(canvas[None], size=(side, side), mode="area")[0]
     pixels = (canvas.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous()
     img = Image.frombytes("RGB", (pixels.shape[1], pixels.shape[0]), pixels.numpy().tobytes())
-    if scenario in ("paint", "mouse", "thin"):
+    if scenario in ("paint", "mouse", "thin", "thin_small"):
         return img, ".png"
     img.info["quality"] = quality
     return img, ".jpg"

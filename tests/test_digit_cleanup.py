@@ -572,7 +572,8 @@ def test_no_mnist_style_digit_is_taken_for_a_speck(tiny_mnist, monkeypatch):
         assert digit_cleanup.preprocess(image.float() / 255)[1] is None
 
 
-@pytest.mark.parametrize("scenario", ["small", "far", "margin", "tiny", "tight", "mouse"])
+@pytest.mark.parametrize("scenario", ["small", "far", "margin", "tiny", "tight", "mouse",
+                                      "thin_small"])
 def test_small_far_and_thin_digits_are_not_taken_for_specks(tiny_mnist, scenario,
                                                            monkeypatch):
     ## The benchmark's own drawing code, on the tiny font digits instead of MNIST's.
