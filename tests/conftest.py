@@ -144,7 +144,7 @@ def page_server(trained_checkpoint):
              "val_accuracy": checkpoint["val_accuracy"]}
     httpd = digit_server.make_server("127.0.0.1", 0, predict.page_answer(model, checkpoint, "cpu"),
                                      about)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)  # quick end
     thread.start()
     yield httpd.server_port
     httpd.shutdown()

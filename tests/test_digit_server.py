@@ -328,7 +328,7 @@ def test_the_page_can_be_served_on_ipv6s_loopback_too():
     except OSError as err:  # a machine without IPv6
         pytest.skip(f"no IPv6 loopback here: {err}")
     port = server.server_port
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # see serving
     try:
         connection = http.client.HTTPConnection("::1", port, timeout=60)
         connection.request("POST", "/predict", body=b"a picture",
@@ -381,7 +381,8 @@ def serving(answer=lambda body: {"ok": True}, **limits):
     server = digit_server.make_server("127.0.0.1", 0, answer, {})
     for name, value in limits.items():  # header_seconds, body_seconds, body_rate
         setattr(server.RequestHandlerClass, name, value)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    ## Polled every 20 ms for shutdown(), not every 0.5 s: each test then ends at once.
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
     try:
         yield server
     finally:
@@ -459,28 +460,37 @@ def test_a_picture_is_answered_while_60_uploads_and_60_requests_stall_and_after(
         assert request(port, "POST", "/predict", drawn(3))[0] == 200
 
 
+def in_use(server) -> None:
+    """Give the test server its deadlines in use again, for a request that must pass."""
+    for name in ("header_seconds", "body_seconds", "body_rate"):
+        setattr(server.RequestHandlerClass, name, getattr(digit_server.make_server(
+            "127.0.0.1", 0, None, {}).RequestHandlerClass, name))
+
+
 def test_a_client_that_sends_no_headers_is_cut_off():
-    with serving(header_seconds=0.5) as server:  # 10 s in use
+    with serving(header_seconds=0.2) as server:  # 10 s in use
         connection = stalled(server.server_port, b"GET / HTTP/1.1\r\n")  # and nothing more
         assert connection.recv(1) == b""  # closed without an answer, within the 30 s
         connection.close()
+        in_use(server)
         assert request(server.server_port, "GET", "/model")[0] == 200
 
 
 def test_a_client_that_trickles_its_headers_is_cut_off_at_the_deadline():
     ## A header that never ends, a byte every 20 ms: each read gets a byte in time, but the
-    ## headers as a whole have a deadline (0.5 s here).
-    with serving(header_seconds=0.5) as server:
+    ## headers as a whole have a deadline (0.2 s here).
+    with serving(header_seconds=0.2) as server:
         connection = stalled(server.server_port, b"GET / HTTP/1.1\r\nX-Slow: ")
         assert trickle(connection) < 1500  # cut off before the 30 s
         connection.close()
+        in_use(server)
         assert request(server.server_port, "GET", "/model")[0] == 200
 
 
 def test_a_body_that_stalls_gets_408_and_its_memory_back():
     ## 40,000 bytes at once, then nothing: at the 1 KB/s asked for here (50 KB/s in use) they
-    ## would buy 40 s, but a stall is cut off after 0.5 s (10 s in use) all the same.
-    with serving(body_seconds=0.5, body_rate=1000) as server:
+    ## would buy 40 s, but a stall is cut off after 0.2 s (10 s in use) all the same.
+    with serving(body_seconds=0.2, body_rate=1000) as server:
         port = server.server_port
         connection = stalled(port, post_head(port, 100_000) + bytes(40_000))
         reply = b""
@@ -489,21 +499,23 @@ def test_a_body_that_stalls_gets_408_and_its_memory_back():
         connection.close()
         head, _, body = reply.partition(b"\r\n\r\n")
         assert head.split()[1] == b"408" and json.loads(body) == {
-            "error": "the picture stopped coming or came too slowly: this server waits 0.5 s at "
+            "error": "the picture stopped coming or came too slowly: this server waits 0.2 s at "
                      "most, and needs 1 KB/s on average"}
         wait_until(lambda: server.held == 0, "giving back the body's memory")
+        in_use(server)
         assert request(port, "POST", "/predict", b"a picture")[0] == 200
 
 
 def test_a_body_that_trickles_is_cut_off_and_its_memory_given_back():
-    ## 50 bytes/s, under the 1,000 asked for here after the first 0.5 s. A deadline that each
+    ## 50 bytes/s, under the 1,000 asked for here after the first 0.2 s. A deadline that each
     ## byte put off, as a socket's timeout, would never end it.
-    with serving(body_seconds=0.5, body_rate=1000) as server:
+    with serving(body_seconds=0.2, body_rate=1000) as server:
         port = server.server_port
         connection = stalled(port, post_head(port, 100_000) + b"abc")
         assert trickle(connection) < 1500  # cut off (with a 408) before the 30 s
         connection.close()
         wait_until(lambda: server.held == 0, "giving back the body's memory")
+        in_use(server)
         assert request(port, "POST", "/predict", b"a picture")[0] == 200
 
 

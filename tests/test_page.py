@@ -166,7 +166,7 @@ def test_the_page_shows_class_names_for_a_model_of_another_dataset(browser):
     server = digit_server.make_server("127.0.0.1", 0, lambda body: answer,
                                       {"model": "mlp", "checkpoint": "f.pt", "epoch": None,
                                        "classes": names})  # saved by code that kept no epoch
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # ends at once
     try:
         tab = browser.new_page()
         tab.goto(f"http://127.0.0.1:{server.server_port}/")
