@@ -8,7 +8,7 @@
 What you should see (the MLP, in seconds; the README says how to read each line):
 
     PyTorch 2.14.1+cu130 | device cpu | mlp with 109,386 parameters | 55,000 train / ...
-    epoch 1/5 | train loss 0.2850 | val loss 0.1802 | val acc 0.9422 | 0.5 s | saved best
+    epoch 1/5 | train loss 0.2850 | val loss 0.1802 | val acc 0.9422 | 0.4 s | saved best
     ...
     Test Accuracy: 0.9748 (9748/10000)      # 0.9730 to 0.9748, by CPU and thread count
 
