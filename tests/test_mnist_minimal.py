@@ -47,7 +47,7 @@ def test_it_imports_nothing_of_this_repository():
 
 @pytest.mark.skipif(not (os.environ.get("MNIST_DATA_DIR") and os.environ.get("MNIST_FULL_CHECKS")
                          == "1"), reason="5 epochs of the classic pipeline on real MNIST take "
-                    "about a minute: set MNIST_DATA_DIR and MNIST_FULL_CHECKS=1 to run it")
+                    "tens of seconds: set MNIST_DATA_DIR and MNIST_FULL_CHECKS=1 to run it")
 def test_real_mnist_reaches_the_seed_s_97_percent_in_5_epochs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     lines = run(monkeypatch, capsys, "--data-dir", os.environ["MNIST_DATA_DIR"])
