@@ -365,9 +365,9 @@ def build_parser() -> safeguards.ArgumentParser:
         help="same seed, same run (bit for bit on one CPU and thread count; GPUs: --deterministic)")
     add("--deterministic", action="store_true", help="bit-identical runs on a GPU too (slower)")
     # output
-    add("--save-path", type=safeguards.file_path, help="the checkpoint (default: checkpoints/"
-        "mnist_<model>.pt), with the metrics (.csv) and mistakes (_mistakes.png) beside it; an "
-        "earlier run's files there are renamed, never replaced")
+    add("--save-path", type=safeguards.file_path, help="the best model (default: checkpoints/"
+        "mnist_<model>.pt), with the state for --resume (_last.pt), the metrics (.csv) and the "
+        "mistakes (_mistakes.png) beside it; an earlier run's files are renamed, not replaced")
     add("--log-interval", type=positive(int), default=200, help="log the loss every N batches")
     add("--tensorboard", metavar="DIR", help="also log to DIR (pip install tensorboard)")
     add("--resume", action="store_true", help="go on with the run saved at --save-path, from "
@@ -378,6 +378,7 @@ def build_parser() -> safeguards.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Check the command line and the files, train, and end with one line whatever happens."""
+    safeguards.printable_output()  # Windows' cp1252 console: a path's letter it lacks, escaped
     parser = build_parser()
     args = parser.parse_args(argv)
     args.epochs = 1 if args.dry_run else args.epochs
@@ -395,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
             if master and not args.resume and (args.save_path or not args.dry_run):
                 safeguards.set_aside(files, kept)
             train(args, files)
-            sys.stdout.flush()  # here, where a closed output can still be caught
+            if sys.stdout is not None:  # None: started with stdout closed (`>&-`)
+                sys.stdout.flush()  # here, where a closed output can still be caught
         code = 0
     except UsageError as err:
         parser.error(str(err))  # exit code 2, like argparse's own errors

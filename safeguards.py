@@ -420,12 +420,18 @@ def stopped(err: BaseException, on_disk: str, quiet_pipe: bool = False) -> int:
     return 1
 
 
+def printable_output() -> None:
+    """Let stdout and stderr print what their encoding lacks as escapes, not fail on it: on
+    Windows' cp1252 a path with a Chinese letter prints as \\u6570, where print() would raise."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):  # None, or a stream of another kind
+            stream.reconfigure(errors="backslashreplace")
+
+
 def run_script(main: Callable[[], int]) -> None:
     """Run a script's main() from the command line and exit with its code: Ctrl-C and `kill`
     with one line and code 130, a closed or full output with code 1, never a traceback."""
-    for stream in (sys.stdout, sys.stderr):  # Windows' cp1252: a letter it lacks prints as \xe9
-        with contextlib.suppress(AttributeError, ValueError):
-            stream.reconfigure(errors="backslashreplace")
+    printable_output()
     gc.freeze()  # what the imports made is never scanned by the collector again (docs/speed.md)
     try:
         with stop_signals():

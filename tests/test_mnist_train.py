@@ -1070,6 +1070,21 @@ def test_main_runs_from_a_thread_other_than_the_main_one(tiny_mnist, tmp_path):
     assert codes == [0]
 
 
+def test_a_console_without_a_path_s_letters_or_no_stdout_at_all_is_no_failure(
+        tiny_mnist, tmp_path, monkeypatch):
+    ## Windows' cp1252 console lacks Chinese letters: the path prints with escapes. A script
+    ## started with stdout closed (`>&-`) has sys.stdout None.
+    import io
+
+    console = io.TextIOWrapper(io.BytesIO(), encoding="cp1252")
+    monkeypatch.setattr(sys, "stdout", console)
+    assert train(tiny_mnist, tmp_path / "模型" / "m.pt", "--dry-run") == 0
+    console.flush()
+    assert "\\u6a21\\u578b" in console.buffer.getvalue().decode("cp1252")
+    monkeypatch.setattr(sys, "stdout", None)
+    assert train(tiny_mnist, tmp_path / "m.pt", "--dry-run") == 0
+
+
 @posix_only
 def test_a_platform_stop_signal_ends_the_run_like_ctrl_c(tiny_mnist, tmp_path, monkeypatch,
                                                          capsys):
