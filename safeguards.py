@@ -262,10 +262,11 @@ def on_disk(files: RunFiles, kept: dict[Path, Path], epochs: int, go_on: str | N
     """What a run that stopped early leaves on disk, read from the files themselves."""
     if not files.model.exists():
         return (f"This run saved nothing: {files.model}, an earlier run's, is unchanged."
-                if kept else "This run saved nothing yet.")
+                if files.model in kept else "This run saved nothing yet.")
     best = common.load_checkpoint(files.model)
     done = common.load_checkpoint(files.last)["training"]["epoch"] if files.last.exists() else 0
-    earlier = f"; the earlier run's model is kept as {kept[files.model]}" if kept else ""
+    earlier = (f"; the earlier run's model is kept as {kept[files.model]}"
+               if files.model in kept else "")  # an earlier run may have left only its CSV
     next_step = (f" Training had finished ({epochs} of {epochs} epochs); only the final test "
                  "and the mistakes picture were cut short." if done == epochs
                  else f" To go on from the last epoch saved: {go_on}." if go_on and done else "")

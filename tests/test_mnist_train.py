@@ -364,6 +364,19 @@ def test_a_signal_stops_training_with_complete_files_and_says_what_is_on_disk(
     assert signal.getsignal(sig) is previous  # main() put the caller's handler back
 
 
+def test_a_stop_after_an_earlier_run_that_left_only_its_csv_names_no_earlier_model(
+        tiny_mnist, tmp_path, monkeypatch, capsys):
+    save_path = tmp_path / "best.pt"
+    assert train(tiny_mnist, save_path, "--epochs", "1") == 0
+    save_path.unlink()  # the earlier model deleted by hand: its CSV and pictures are left
+    save_path.with_name("best_last.pt").unlink()
+    interrupt_in_the_saving_of(monkeypatch, 1)
+    assert train(tiny_mnist, save_path, "--epochs", "3") == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"interrupted: stopped. {save_path} holds this run's best model so far")
+    assert "earlier run's model" not in err
+
+
 def test_ctrl_c_before_the_first_save_and_in_the_final_test(tiny_mnist, tmp_path, monkeypatch,
                                                             capsys):
     save_path = tmp_path / "best.pt"
