@@ -58,6 +58,11 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
                 raise ImageProblem("no such file")
             if path.is_dir():
                 raise ImageProblem("is a directory; pass the image files inside it (dir/*.png)")
+            ## A named pipe or a device may never end, and a batch would wait for ever: not
+            ## opened, unless it is a pipe this process was given (cat 7.png | ... /dev/stdin).
+            if not path.is_file() and not str(path).startswith(("/dev/stdin", "/dev/fd/")):
+                raise ImageProblem("is not a regular file (a named pipe, a device or a socket): "
+                                   "give a picture file, or pipe one in as /dev/stdin")
             if path.is_file() and path.stat().st_size == 0:  # not a pipe: those have no size
                 raise ImageProblem("is empty (0 bytes)")
         except OSError as err:  # a name too long, a folder this user may not enter

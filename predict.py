@@ -79,12 +79,6 @@ def main(argv: list[str] | None = None) -> int:
             if picture.suffix.lower() in (".pt", ".pth") and picture.is_file():
                 raise ImageProblem(f"is a checkpoint, not a picture: did you mean --checkpoint "
                                    f"{picture}?")
-            ## A named pipe or a device may never end, and the batch would wait for ever: not
-            ## opened, unless it is a pipe this process was given (cat 7.png | ... /dev/stdin).
-            special = os.path.exists(picture) and not (os.path.isfile(picture) or picture.is_dir())
-            if special and not str(picture).startswith(("/dev/stdin", "/dev/fd/")):
-                raise ImageProblem("is not a regular file (a named pipe, a device or a socket): "
-                                   "give a picture file, or pipe one in as /dev/stdin")
             result, digit, probs = read_and_classify(picture, model, checkpoint, device)
         except Exception as err:
             results.append({"path": str(picture), "error": safeguards.failure(

@@ -149,20 +149,34 @@ def test_unusual_image_modes_are_read_correctly(tmp_path, mode):
 
 
 def test_a_picture_from_a_pipe_is_read_not_called_empty(tmp_path):
-    if not hasattr(os, "mkfifo"):
-        pytest.skip("no named pipes on Windows")
+    if not os.path.exists("/dev/fd"):
+        pytest.skip("no /dev/fd on Windows")
     import threading
 
     picture = tmp_path / "digit.png"
     digit_picture(2).save(picture)
-    fifo = tmp_path / "pipe"
-    os.mkfifo(fifo)
+    read_end, write_end = os.pipe()
+
+    def write():
+        with open(write_end, "wb") as pipe:
+            pipe.write(picture.read_bytes())
+
     ## daemon: a writer that no reader ever came for must not keep the test run from ending
-    writer = threading.Thread(target=lambda: fifo.write_bytes(picture.read_bytes()), daemon=True)
+    writer = threading.Thread(target=write, daemon=True)
     writer.start()  # what `cat digit.png | python predict.py /dev/stdin` does
-    through_pipe = digit_cleanup.load_gray(fifo)
+    through_pipe = digit_cleanup.load_gray(f"/dev/fd/{read_end}")
     writer.join(timeout=30)
+    os.close(read_end)
     assert torch.equal(through_pipe, digit_cleanup.load_gray(picture))
+
+
+def test_a_named_pipe_among_the_pictures_is_refused_not_waited_on(tmp_path):
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no named pipes on Windows")
+    os.mkfifo(fifo := tmp_path / "pipe.png")  # nobody writes to it: opening it would wait for ever
+    for path in ("/dev/zero", fifo):  # a device that never ends, then the pipe
+        with pytest.raises(digit_cleanup.ImageProblem, match="is not a regular file"):
+            digit_cleanup.load_gray(path)
 
 
 def tiny_png_header(width, height):
