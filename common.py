@@ -57,20 +57,25 @@ def get_device(name: str = "auto") -> torch.device:
 
 # models ---------------------------------------------------------------------------------------
 ## A model is an nn.Module: __init__ creates its layers, whose weights model.parameters() then
-## finds and model.to(device) moves, and forward() runs them (an nn.Sequential's own: in order).
+## finds and model.to(device) moves, and forward() runs them.
 ## Each layer starts uniformly within +-1/sqrt(its inputs), which suits small networks.
-class MLP(nn.Sequential):
+class MLP(nn.Module):
     """Fully connected network for 1x28x28 images, 784-128-64-10 by default; returns logits."""
 
     def __init__(self, hidden: Sequence[int] = (128, 64), num_classes: int = 10) -> None:
-        ## nn.Sequential runs its layers in the order added; saved, the weights are fc1.weight, ...
         super().__init__()
-        self.add_module("flatten", nn.Flatten())
         sizes = [28 * 28, *hidden, num_classes]
-        for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:]), start=1):
-            self.add_module(f"fc{i}", nn.Linear(n_in, n_out))
-            if i < len(sizes) - 1:  # no ReLU after the last layer: its outputs are the logits
-                self.add_module(f"relu{i}", nn.ReLU())
+        ## One layer per pair of sizes, as attributes fc1, fc2, ... (a layer assigned to self is
+        ## registered: its weights are found, and saved as fc1.weight, ...), in this order.
+        for i in range(1, len(sizes)):
+            setattr(self, f"fc{i}", nn.Linear(sizes[i - 1], sizes[i]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1)  # [batch, 1, 28, 28] -> [batch, 784]
+        *hidden, last = self.children()  # fc1, fc2, ..., in the order they were assigned
+        for layer in hidden:
+            x = torch.relu(layer(x))
+        return last(x)  # no ReLU after the last layer: its outputs are the logits
 
 
 class CNN(nn.Module):
@@ -128,14 +133,14 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
             loss = criterion(model(inputs), targets)
         ## backward: each weight's .grad gets d(loss)/d(weight). (float16's range is narrow: an
         ## enabled scaler multiplies the loss first, so that small gradients do not become 0.)
-        scaler.scale(loss).backward()
+        scaler.scale(loss).backward()  # disabled (no --amp fp16): just loss.backward()
         if clip_grad is not None:  # cap their joint norm: one bad batch cannot undo training
             scaler.unscale_(optimizer)  # the true gradients, not the scaled ones
             nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
         ## step: move each weight against its gradient. step() before backward(), or
         ## zero_grad() between them, raises no error: the model just never learns.
         scaler.step(optimizer)  # optimizer.step(); float16: skipped if a gradient overflowed
-        scaler.update()
+        scaler.update()  # disabled: does nothing
         if scheduler is not None:
             scheduler.step()  # per batch, for warmup + cosine; not for StepLR, which counts epochs
         ## A per-sample sum (batch mean x size), kept on the device: .item() would make the CPU

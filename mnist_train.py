@@ -87,13 +87,13 @@ def train(args: argparse.Namespace, files: RunFiles) -> None:
     # 5. training loop -------------------------------------------------------------------------
     about = {"model_name": args.model, "mean": mean, "std": std, "sizes": model_sizes(args),
              "classes": classes, "dataset": args.dataset}  # what predict.py needs beside weights
-    start_epoch, best_epoch, best_acc, history = 1, 0, -1.0, []  # -1: epoch 1 is always saved
+    start_epoch, best_epoch, best_acc, history = 1, 0, -1.0, []  # -1: any accuracy beats it
     if args.resume:  # go on after the last epoch saved, as if never stopped
         start_epoch, best_epoch, best_acc, history = safeguards.resume(files.last, state)
     with reports.open_tensorboard(args.tensorboard if master_process else None) as writer:
         for epoch in range(start_epoch, args.epochs + 1):
             start = time.perf_counter()
-            train_loader.set_epoch(epoch)  # shuffled by --seed + epoch: the same after --resume
+            train_loader.set_epoch(epoch)  # order: --seed + epoch (DistributedSampler's way)
             train_loss = common.train_one_epoch(
                 model, train_loader, criterion, optimizer, device, epoch=epoch, scaler=scaler,
                 log_interval=args.log_interval, amp_dtype=amp_dtype, clip_grad=args.clip_grad,
@@ -201,10 +201,10 @@ def make_loader(args: argparse.Namespace, images: torch.Tensor, labels: torch.Te
     """Batches of (standardised pictures, labels); for training, shuffled anew every epoch."""
     batch_size = args.batch_size if shuffle else args.test_batch_size
     augment = shuffle and args.augment  # training batches only: judge the pictures as they are
-    if args.loader == "dataloader":
+    if args.loader == "dataloader":  # not the default: see classic_loader() below
         return classic_loader(args, PictureDataset(images, labels, mean, std), batch_size,
                               device, shuffle, augment)
-    ## Decoded and standardised once, on the training device: a batch is one indexing step.
+    ## The default: standardised once, on the training device; a batch is one indexing step.
     return common.TensorLoader(
         common.normalize_images(images, mean, std, device), labels.to(device), batch_size,
         shuffle=shuffle, seed=args.seed,
@@ -377,7 +377,9 @@ def build_parser() -> safeguards.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Check the command line and the files, train, and end with one line whatever happens."""
+    """Check the command line and the files, train, and end with one line whatever happens.
+    A first plain run passes every check and has nothing to set aside: main() is then
+    parse_args() and train(); the rest is how a run that goes wrong ends."""
     safeguards.printable_output()  # Windows' cp1252 console: a path's letter it lacks, escaped
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -392,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             check_settings(args, files)
             if args.resume:  # the saved run's settings, and whether it can go on
                 safeguards.check_resume(args, parser, argv, files, RUN_SETTINGS)
-            ## An earlier run's files are renamed, never replaced (but a dry run's own, by one).
+            ## An earlier run's files are renamed, never replaced (dry_run_*.pt: by the next).
             if master and not args.resume and (args.save_path or not args.dry_run):
                 safeguards.set_aside(files, kept)
             train(args, files)

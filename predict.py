@@ -140,7 +140,7 @@ def describe(checkpoint: dict, model: torch.nn.Module | None = None) -> str:
     """'mlp 784-128-64-10, epoch 4, val acc 0.9720' (and the dataset, when not MNIST)."""
     name = checkpoint["model_name"]
     if isinstance(model, common.MLP):  # its layer sizes, from the layers themselves
-        sizes = [m.out_features for m in model if isinstance(m, torch.nn.Linear)]
+        sizes = [layer.out_features for layer in model.children()]
         name += " " + "-".join(map(str, [model.fc1.in_features, *sizes]))
     data = checkpoint.get("dataset", "mnist")
     accuracy = checkpoint.get("val_accuracy")  # made by hand, a checkpoint may give no number
