@@ -8,9 +8,11 @@ this module (on http.server) answers in JSON what `python predict.py my_digit.pn
 The server is a door into your machine, so it opens little: docs/what-can-go-wrong.md lists how.
 """
 
+import http.client
 import io
 import ipaddress
 import json
+import math
 import socket
 import sys
 import threading
@@ -47,6 +49,9 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
         ## one deadline for all their reads, and the body a minimum rate (read_body()): a byte
         ## now and then stretches neither, as it would a socket's timeout, which is for one read.
         header_seconds = 10  # request line and headers: under 2 KB, 4 s at Apache's 500 bytes/s
+        ## ...and at most this many bytes, where http.server takes 100 lines of 64 KB (6.4 MB)
+        ## in a fraction of that time: twice its longest request line. Browsers send a few KB.
+        header_bytes = 128 * 1024
         ## The body: 10 s at most for any bytes to come, and 50 KB/s on average after the first
         ## 10 s, so a 20 MB photo may take 7 minutes (400 kbit/s, a poor mobile link). A drawing
         ## from the page, a few KB, takes milliseconds.
@@ -59,7 +64,7 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
         def setup(self) -> None:
             super().setup()  # self.wfile, and the socket's timeout for writes
             self.rfile.close()  # replaced by a reader that keeps one deadline for many reads:
-            self.deadline = Deadline(self.connection, self.header_seconds)
+            self.deadline = Deadline(self.connection, self.header_seconds, self.header_bytes)
             self.rfile = io.BufferedReader(self.deadline)
 
         def do_GET(self) -> None:  # http.server calls do_<METHOD>
@@ -124,6 +129,7 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
             """The body (shorter if the client closed early); or None, answered, if it comes
             too slowly or the pictures in memory would be over BODIES_HELD."""
             body, started = bytearray(), time.monotonic()
+            self.deadline.bytes_left = math.inf  # the body has its own limits, below
             while len(body) < size:
                 ## Apache's MinRate: each body_rate bytes in put the deadline 1 s later. nginx's
                 ## client_body_timeout: a stall ends it after body_seconds all the same, else
@@ -154,7 +160,8 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
             ## status line or headers: answer as HTTP/1.0 instead, so the status is seen.
             if self.request_version == "HTTP/0.9":
                 self.request_version = "HTTP/1.0"
-            self.fail(HTTPStatus(code), message or HTTPStatus(code).phrase)
+            error = message or HTTPStatus(code).phrase
+            self.fail(HTTPStatus(code), f"{error}: {explain}" if explain else error)
 
         def allowed(self) -> bool:
             """Check the Host header, the path and the method (HEAD as GET); answer any error."""
@@ -222,10 +229,11 @@ def make_server(host: str, port: int, answer: Callable[[bytes], dict], about: di
 
 class Deadline(io.RawIOBase):
     """A socket's reads, each allowed only the time left until `at` (a time.monotonic()): a
-    deadline for many reads together, where a socket's timeout is for each read alone."""
+    deadline for many reads together, where a socket's timeout is for each read alone. Beyond
+    `bytes_left` bytes in all, a read raises what http.server answers with 431."""
 
-    def __init__(self, connection: socket.socket, seconds: float) -> None:
-        self.connection, self.at = connection, time.monotonic() + seconds
+    def __init__(self, connection: socket.socket, seconds: float, most: float) -> None:
+        self.connection, self.at, self.bytes_left = connection, time.monotonic() + seconds, most
 
     def readable(self) -> bool:
         return True
@@ -233,8 +241,12 @@ class Deadline(io.RawIOBase):
     def readinto(self, buffer) -> int:
         if (left := self.at - time.monotonic()) <= 0:
             raise TimeoutError("the client is too slow")  # http.server closes the connection
+        if self.bytes_left <= 0:
+            raise http.client.HTTPException("the request's headers are over the server's limit")
         self.connection.settimeout(left)
-        return self.connection.recv_into(buffer)
+        size = self.connection.recv_into(buffer)
+        self.bytes_left -= size
+        return size
 
 
 def host_allowed(header: str, host: str, port: int) -> bool:

@@ -1,5 +1,6 @@
 """digit_server.py and `predict.py --serve`: a real server on 127.0.0.1, real HTTP requests."""
 
+import contextlib
 import http.client
 import io
 import json
@@ -545,3 +546,26 @@ def test_a_body_of_unclear_length_is_refused(page_server, headers, status, error
     assert reply.split()[1] == status and json.loads(reply.partition("\r\n\r\n")[2]) == {
         "error": error}
     assert request(page_server, "POST", "/predict", drawn(3))[0] == 200
+
+
+def test_headers_over_the_limit_get_431_before_megabytes_are_held():
+    ## 90 headers of 60 KB each: http.server alone would read all 5.4 MB before answering.
+    with serving() as server:
+        port = server.server_port
+        connection = socket.create_connection(("127.0.0.1", port), timeout=30)
+        connection.sendall(f"GET /model HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode())
+        reply = b""
+        try:
+            for n in range(90):
+                connection.sendall(f"X-Big-{n}: {'a' * 60_000}\r\n".encode())
+            connection.sendall(b"\r\n")
+        except ConnectionError:  # the server answered and closed while this still sent
+            pass
+        with contextlib.suppress(ConnectionError):
+            while chunk := connection.recv(4096):
+                reply += chunk
+        connection.close()
+        assert reply.startswith(b"HTTP/1.0 431 "), reply[:80]
+        assert b"over the server's limit" in reply
+        ## A browser's few KB of headers still pass.
+        assert request(port, "GET", "/model", headers={"Cookie": "x" * 8000})[0] == 200
