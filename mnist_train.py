@@ -339,8 +339,8 @@ def build_parser() -> safeguards.ArgumentParser:
         help="hidden layer sizes: the MLP's (default 128 64), or the CNN's one (default 128)")
     add("--channels", type=positive(int), nargs=2, metavar=("C1", "C2"),
         help="the CNN's convolution widths (default 16 32)")
-    add("--augment", action="store_true", help="random tilt, scale, shift, stroke width and "
-        "writing styles on each training batch: reads people's own pictures better")
+    add("--augment", action="store_true", help="random tilt, scale, width, shift, stroke width "
+        "and writing styles on each training batch: reads people's own pictures better")
     add("--schedule", choices=["constant", "warmup-cosine"], default="constant",
         help="warmup-cosine: the rate climbs to --lr over a tenth of the steps, then falls to 0")
     add("--ema", action="store_true", help="judge and save a running average of the weights: "
