@@ -127,7 +127,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable, criterion: nn.Module,
     batches = len(loader) if hasattr(loader, "__len__") else "?"  # a generator has no length
     for batch, (inputs, targets) in enumerate(loader, start=1):
         inputs, targets = inputs.to(device), targets.to(device)  # no copy if already there
-        optimizer.zero_grad(set_to_none=True)  # zero_grad: backward() *adds* to .grad
+        optimizer.zero_grad(set_to_none=True)  # backward() *adds* to .grad; None: no zeros written
         ## forward, then the loss; with amp_dtype, autocast runs the matmuls in 16 bits (AMP).
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             loss = criterion(model(inputs), targets)
@@ -408,7 +408,7 @@ class TensorLoader:
                 order = order.repeat(processes)[: -(-n // processes) * processes]
                 order = order[process_rank() :: processes]
         order = order.to(self.inputs.device)  # one small copy
-        self.epoch += 1  # if set_epoch() is never called, the next epoch still reshuffles
+        self.epoch += 1  # a caller that never calls set_epoch() still gets a new order next time
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
             batch = self.inputs.index_select(0, idx), self.targets.index_select(0, idx)

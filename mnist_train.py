@@ -40,7 +40,7 @@ from safeguards import RunFiles, UsageError
 
 def train(args: argparse.Namespace, files: RunFiles) -> None:
     """The lesson: mnist_minimal.py's main(), grown into a real run."""
-    device, amp_dtype, master_process = setup(args)  # seeds, maths, MNIST fetched; torchrun
+    device, amp_dtype, master_process = setup(args)  # MNIST downloaded, seeds, precision
 
     # 1. data ----------------------------------------------------------------------------------
     ## 60,000 training pictures (uint8 [N, 28, 28], labels 0..9), --val-size of them held out
@@ -72,7 +72,7 @@ def train(args: argparse.Namespace, files: RunFiles) -> None:
     ## What a real run adds, one line each; the README's ladder says why.
     steps = args.epochs * len(train_loader)  # optimizer steps in the whole run
     scheduler = make_schedule(args.schedule, optimizer, steps)  # None: a constant rate
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # --amp
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # else no-op
     ema = weight_average(model, optimizer, steps) if args.ema else None  # --ema
     if master_process:  # what to look at first when training misbehaves
         reports.sanity_report(model, val_loader, criterion, device, (train_idx, val_idx, test_idx))
@@ -93,7 +93,7 @@ def train(args: argparse.Namespace, files: RunFiles) -> None:
     with reports.open_tensorboard(args.tensorboard if master_process else None) as writer:
         for epoch in range(start_epoch, args.epochs + 1):
             start = time.perf_counter()
-            train_loader.set_epoch(epoch)  # order: --seed + epoch (DistributedSampler's way)
+            train_loader.set_epoch(epoch)  # a new shuffle each epoch, from --seed + epoch
             train_loss = common.train_one_epoch(
                 model, train_loader, criterion, optimizer, device, epoch=epoch, scaler=scaler,
                 log_interval=args.log_interval, amp_dtype=amp_dtype, clip_grad=args.clip_grad,
