@@ -47,9 +47,9 @@ def augment(images: torch.Tensor, labels: torch.Tensor,
 
     x, y = centres(width).view(1, 1, width), centres(height).view(1, height, 1)
     ## Wider, by 1 to 1.2 times. In MNIST, width tells some digits apart more than it should:
-    ## a six as wide as it is tall or wider is rare (8% of its sixes, half of its fives): a model
-    ## learns "wide: a 5" and reads people's round sixes as fives. Never narrower: a narrowed 7
-    ## looks like a flagged 1. Each x read from nearer the middle stretches the digit across.
+    ## a six as wide as it is tall is rare, a five that wide common, so a model learns "wide: a
+    ## 5" and reads people's round sixes as fives. Never narrower: a narrowed 7 looks like a
+    ## flagged 1. Each x read from nearer the middle stretches the digit across.
     wider = 1.1 + uniform(0.1)
     x = x / wider
     ## Each image's rotation [[cos, -sin], [sin, cos]], divided by its scale, then its shift,
