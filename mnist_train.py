@@ -31,11 +31,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-import augmentation
 import common
-import reports
-import safeguards
-from safeguards import RunFiles, UsageError
+from plumbing import augmentation, reports, safeguards
+from plumbing.safeguards import RunFiles, UsageError
 
 
 def train(args: argparse.Namespace, files: RunFiles) -> None:

@@ -15,8 +15,8 @@ What you should see: the model that answers, then one line per picture:
 
 A first week's last script: load the checkpoint, clean up the picture, classify. A model knows
 only the kind of pictures it was trained on, MNIST's white digits on black, 20 x 20 pixels in a
-28 x 28 frame: digit_cleanup.py first turns any picture into one (or warns that it holds none,
-or several). read_and_classify(), classify() and class_names() are the part to copy.
+28 x 28 frame: plumbing/digit_cleanup.py first turns any picture into one (or warns that it
+holds none, or several). read_and_classify(), classify() and class_names() are the part to copy.
 """
 
 import io
@@ -29,9 +29,8 @@ import torch
 from PIL import Image
 
 import common
-import digit_cleanup
-import safeguards
-from digit_cleanup import ImageProblem
+from plumbing import digit_cleanup, safeguards
+from plumbing.digit_cleanup import ImageProblem
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {path} was trained on {checkpoint['dataset']}, not digits: pictures are "
               "only scaled to 28x28, light on dark, without the digit clean-up", file=sys.stderr)
     if args.serve:  # the page sends each picture through read_and_classify(), as below
-        import digit_server
+        from plumbing import digit_server
 
         about = {"checkpoint": str(path), "model": checkpoint["model_name"],
                  "epoch": checkpoint.get("epoch"), "val_accuracy": checkpoint.get("val_accuracy"),

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import common
-import safeguards
+from plumbing import safeguards
 
 
 # 1. data ------------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ from bare_loop import floor_epoch
 
 import common
 import mnist_minimal
-import safeguards
+from plumbing import safeguards
 
 
 def timed(device, fn, *args, **kwargs):

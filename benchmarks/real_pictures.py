@@ -50,9 +50,8 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 import common
-import digit_cleanup
 import predict
-import safeguards
+from plumbing import digit_cleanup, safeguards
 
 PICTURE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -268,7 +267,7 @@ def draw_misses(misses: list, out: Path, columns: int = 6) -> None:
 LOAD_LOOP = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
-import digit_cleanup
+from plumbing import digit_cleanup
 from pathlib import Path
 paths = sys.argv[2:]
 end = time.time() + 600
@@ -287,17 +286,20 @@ def other_cleanup(file: str):
     path = Path(file)
     if not path.is_file():
         sys.exit(f"error: --compare-with {file}: no such file")
-    ours = {name: sys.modules.pop(name) for name in ("common", "digit_cleanup")
-            if name in sys.modules}  # its `import common` must find its own folder's
-    sys.path.insert(0, str(path.resolve().parent))
+    def its_own(name: str) -> bool:  # the modules its imports must find in its own folder
+        return name in ("common", "digit_cleanup", "plumbing") or name.startswith("plumbing.")
+
+    ours = {name: sys.modules.pop(name) for name in list(sys.modules) if its_own(name)}
+    folder = path.resolve().parent  # the folder of its common.py: above plumbing/, if in it
+    sys.path.insert(0, str(folder.parent if folder.name == "plumbing" else folder))
     try:
         spec = importlib.util.spec_from_file_location("other_cleanup", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:
         sys.path.pop(0)
-        for name in ("common", "digit_cleanup"):
-            sys.modules.pop(name, None)
+        for name in [name for name in sys.modules if its_own(name)]:
+            sys.modules.pop(name)
         sys.modules.update(ours)
     return module
 

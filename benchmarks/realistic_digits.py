@@ -73,8 +73,8 @@ from torchvision.utils import make_grid, save_image
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 import common
-import digit_cleanup
 import predict
+from plumbing import digit_cleanup
 
 ## New scenarios go at the end: every picture draws from one random stream, so a scenario
 ## added in the middle would change all the pictures after it.

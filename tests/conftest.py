@@ -136,8 +136,8 @@ def page_server(trained_checkpoint):
     import threading
 
     import common
-    import digit_server
     import predict
+    from plumbing import digit_server
 
     model, checkpoint = common.load_model(trained_checkpoint)
     about = {"checkpoint": str(trained_checkpoint), "model": "mlp", "epoch": checkpoint["epoch"],

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import augmentation
 import common
 import mnist_train
+from plumbing import augmentation
 
 
 @pytest.fixture

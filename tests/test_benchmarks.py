@@ -92,8 +92,8 @@ SOURCES = """| file | label | kind | repo |
 ## Another version of the clean-up, as --compare-with loads it: this one, except that it
 ## cannot read the 7.
 WORSE_ON_SEVENS = """
-import digit_cleanup
-from digit_cleanup import ImageProblem, preprocess
+from plumbing import digit_cleanup
+from plumbing.digit_cleanup import ImageProblem, preprocess
 
 def load_gray(path):
     if path.name.startswith("7"):
@@ -126,18 +126,20 @@ def test_compare_with_scores_one_checkpoint_with_both_versions_source_by_source(
 
 
 def test_speed_only_times_another_version_in_the_same_rounds(tmp_path, monkeypatch, capsys):
-    import digit_cleanup
+    from plumbing import digit_cleanup
 
     for digit in (3, 5):
         digit_picture(digit).save(tmp_path / f"{digit}_1.png")
-    other = Path(__file__).resolve().parent.parent / "digit_cleanup.py"  # itself, as "another"
+    ## itself, as "another"
+    other = Path(__file__).resolve().parent.parent / "plumbing" / "digit_cleanup.py"
     score(monkeypatch, "--images", str(tmp_path), "--speed-only", "--rounds", "2",
           "--compare-with", str(other))
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines[::3]] == ["round 1", "round 2"]
     assert lines[1].startswith(f"  {other}: reading and clean-up per picture: median ")
     assert "x as fast at the median, " in lines[2] and lines[2].endswith("x at the slowest")
-    assert sys.modules["digit_cleanup"] is digit_cleanup  # this version's module is put back
+    ## this version's module is put back
+    assert sys.modules["plumbing.digit_cleanup"] is digit_cleanup
     with pytest.raises(SystemExit) as exit_:
         score(monkeypatch, "--images", str(tmp_path), "--speed-only", "--compare-with",
               str(tmp_path / "nope.py"))

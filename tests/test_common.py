@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import common
-import safeguards
+from plumbing import safeguards
 
 
 def separable_data(n=512, dim=10, classes=3, seed=0):

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from helpers import digit_picture, posix_only
 from PIL import Image, ImageDraw, ImageFont
 
-import digit_cleanup
 from benchmarks.draw_samples import draw_digit
+from plumbing import digit_cleanup
 
 
 def digit_of(gray):

@@ -18,10 +18,9 @@ from helpers import press_ctrl_c, start
 from PIL import Image
 
 import common
-import digit_cleanup
-import digit_server
 import predict
 from benchmarks.draw_samples import draw_digit
+from plumbing import digit_cleanup, digit_server
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -285,7 +284,7 @@ def test_command_line_output_flags_with_serve_are_a_usage_error_not_ignored(caps
 SLOW_CLEAN_UP = """
 import runpy, sys, time
 import torch
-import digit_cleanup
+from plumbing import digit_cleanup
 real = digit_cleanup.preprocess
 def slow(gray):
     print("classifying", flush=True)

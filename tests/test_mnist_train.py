@@ -25,8 +25,7 @@ from PIL import Image
 import common
 import mnist_train
 import predict
-import reports
-import safeguards
+from plumbing import reports, safeguards
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -157,7 +157,7 @@ def test_the_page_shows_class_names_for_a_model_of_another_dataset(browser):
     ## A Fashion-MNIST checkpoint: the guess and the bars are named, not numbered.
     import threading
 
-    import digit_server
+    from plumbing import digit_server
 
     names = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
              "Sneaker", "Bag", "Ankle boot"]

@@ -9,8 +9,8 @@ import torch
 from helpers import digit_picture, posix_only
 from PIL import Image
 
-import digit_cleanup
 import predict
+from plumbing import digit_cleanup
 
 
 def results(out, checkpoint):

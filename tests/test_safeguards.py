@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import digit_picture
 
-import safeguards
+from plumbing import safeguards
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 """Data augmentation for `mnist_train.py --augment`: whole batches, on any device.
 
-    import augmentation
+    from plumbing import augmentation
     for inputs, targets in loader:  # normalised digits, N x 1 x 28 x 28, light ink on dark
         inputs, targets = augmentation.augment(inputs, targets, styles=True)  # digits only
         ...  # the training step, as before

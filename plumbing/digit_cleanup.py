@@ -1,6 +1,6 @@
 """Turn any picture of a handwritten digit into the 28 x 28 image an MNIST model expects.
 
-    from digit_cleanup import load_gray, preprocess
+    from plumbing.digit_cleanup import load_gray, preprocess
     digit, warning = preprocess(load_gray("my_digit.jpg"))  # 28 x 28, 0..1, white on black
 
 A model only knows the kind of images it was trained on. MNIST digits are white on black, about
