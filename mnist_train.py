@@ -15,50 +15,48 @@ What you should see (the MLP, in seconds; the README says how to read each line)
 This is mnist_minimal.py grown (read it first): train() is its main(), 1. data -> 2. model ->
 3. loss -> 4. optimizer -> 5. loop -> 6. final test, plus what a real run adds, where it happens
 (the README's ladder names each); its train() and test() became common.train_one_epoch and
-common.evaluate. The details of each step follow train(); how a run starts and ends, last.
+common.evaluate. The details of each step follow train(); the settings and main() come last.
+What only keeps a run safe or convenient (checks, files written whole, Ctrl-C, the printed
+reports) is in plumbing/, called by names that say what they do: you need not open it.
 """
 
 import argparse
-import copy
-import gc
-import os
-import sys
+import math
 import time
 from functools import partial
-from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 import common
-from plumbing import augmentation, reports, safeguards
-from plumbing.safeguards import RunFiles, UsageError
+from plumbing import augmentation, command_line, files, platforms, reports, runs
+from plumbing.command_line import UsageError
 
 
-def train(args: argparse.Namespace, files: RunFiles) -> None:
+def train(args: argparse.Namespace, paths: files.RunFiles) -> None:
     """The lesson: mnist_minimal.py's main(), grown into a real run."""
-    device, amp_dtype, master_process = setup(args)  # MNIST downloaded, seeds, precision
+    device, amp_dtype, master_process = setup(args)  # torchrun, MNIST fetched, seeds, precision
 
     # 1. data ----------------------------------------------------------------------------------
     ## 60,000 training pictures (uint8 [N, 28, 28], labels 0..9), --val-size of them held out
     ## to pick the best epoch; 10,000 test pictures, used once at the end for an honest estimate.
     folder, classes = DATASETS[args.dataset]
-    images, labels = common.load_mnist(args.data_dir, train=True, dataset=folder)
-    test_images, test_labels = common.load_mnist(args.data_dir, train=False, dataset=folder)
+    images, labels = files.load_mnist(args.data_dir, train=True, dataset=folder)
+    test_images, test_labels = files.load_mnist(args.data_dir, train=False, dataset=folder)
     ## Inputs are standardised to a mean of 0 and a spread of 1, which the default weights and
     ## learning rate suit. predict.py must do the same: the saved model file keeps the two.
     mean, std = normalisation(args.dataset, images)
     train_idx, val_idx, test_idx = choose_splits(args, len(labels), len(test_labels))
-    train_loader = make_loader(args, images[train_idx], labels[train_idx], mean=mean, std=std,
-                               device=device, shuffle=True)
-    val_loader = make_loader(args, images[val_idx], labels[val_idx], mean=mean, std=std,
-                             device=device)
-    test_loader = make_loader(args, test_images[test_idx], test_labels[test_idx], mean=mean,
-                              std=std, device=device)
+    loader = partial(InMemoryLoader, mean=mean, std=std, device=device)
+    augment = partial(augmentation.augment, styles=args.dataset == "mnist")  # styles: digits
+    train_loader = loader(images[train_idx], labels[train_idx], args.batch_size, seed=args.seed,
+                          transform=augment if args.augment else None)  # shuffled: a seed
+    val_loader = loader(images[val_idx], labels[val_idx], args.test_batch_size)
+    test_loader = loader(test_images[test_idx], test_labels[test_idx], args.test_batch_size)
 
     # 2. model ---------------------------------------------------------------------------------
-    model = common.build_model(args.model, **model_sizes(args)).to(device)  # random, by --seed
+    model = common.build_model(args.model, **runs.model_sizes(args)).to(device)  # by --seed
 
     # 3. loss ----------------------------------------------------------------------------------
     ## The model ends in 10 raw scores ("logits"): CrossEntropyLoss takes their log-softmax
@@ -74,28 +72,31 @@ def train(args: argparse.Namespace, files: RunFiles) -> None:
     ema = weight_average(model, optimizer, steps) if args.ema else None  # --ema
     if master_process:  # what to look at first when training misbehaves
         reports.sanity_report(model, val_loader, criterion, device, (train_idx, val_idx, test_idx))
-    eval_model = model if ema is None else ema  # what is judged and saved: --ema's average
+    eval_model = model if ema is None else ema.module  # what is judged and saved
+    ## What training changes, each with its state_dict(): saved after every epoch for --resume.
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler,
-             "ema": ema}  # what training changes: saved after every epoch, for --resume
+             "ema": eval_model if args.ema else None}
     if args.compile:  # in place: training, and evaluation without --ema, run the compiled code
         model.compile()
-    if common.process_count() > 1:  # torchrun: backward() averages every process's gradients
-        model = nn.parallel.DistributedDataParallel(model)  # state, eval_model: the model inside
+    ## torchrun: DDP wraps the model, and backward() averages every process's gradients.
+    trained = nn.parallel.DistributedDataParallel(model) if platforms.distributed() else model
 
     # 5. training loop -------------------------------------------------------------------------
-    about = {"model_name": args.model, "mean": mean, "std": std, "sizes": model_sizes(args),
+    about = {"model_name": args.model, "mean": mean, "std": std, "sizes": runs.model_sizes(args),
              "classes": classes, "dataset": args.dataset}  # what predict.py needs beside weights
     start_epoch, best_epoch, best_acc, history = 1, 0, -1.0, []  # -1: any accuracy beats it
     if args.resume:  # go on after the last epoch saved, as if never stopped
-        start_epoch, best_epoch, best_acc, history = safeguards.resume(files.last, state)
+        start_epoch, best_epoch, best_acc, history = resume(paths.last, state)
     with reports.open_tensorboard(args.tensorboard if master_process else None) as writer:
         for epoch in range(start_epoch, args.epochs + 1):
             start = time.perf_counter()
             train_loader.set_epoch(epoch)  # a new shuffle each epoch, from --seed + epoch
             train_loss = common.train_one_epoch(
-                model, train_loader, criterion, optimizer, device, epoch=epoch, scaler=scaler,
+                trained, train_loader, criterion, optimizer, device, epoch=epoch, scaler=scaler,
                 log_interval=args.log_interval, amp_dtype=amp_dtype, clip_grad=args.clip_grad,
                 scheduler=scheduler, log=print if master_process else None)
+            if platforms.distributed():  # each process trained on its share: the epoch's loss
+                train_loss = platforms.mean_over_processes(train_loss, device)  # is their mean
             if not master_process:  # under torchrun the others only train; this one judges
                 continue
             val_loss, val_acc = common.evaluate(eval_model, val_loader, criterion, device,
@@ -105,11 +106,13 @@ def train(args: argparse.Namespace, files: RunFiles) -> None:
             ## later epochs can overfit. The file predict.py loads changes only here.
             if val_acc > best_acc:
                 best_epoch, best_acc = epoch, val_acc
-                common.save_checkpoint(files.model, eval_model, epoch=epoch, val_accuracy=val_acc,
-                                       **about)
+                with files.written_whole(paths.model) as f:  # a crash leaves the old file whole
+                    torch.save({"state_dict": eval_model.state_dict(), "epoch": epoch,
+                                "val_accuracy": val_acc, **about}, f)
             history.append([epoch, train_loss, val_loss, val_acc, seconds, best_epoch == epoch])
-            safeguards.save_state(files.last, state, history, args, RUN_SETTINGS, **about)
-            reports.write_history(files.csv, history, writer)  # last: the CSV follows the files
+            if not args.dry_run:  # the state to go on from: one batch leaves nothing to go on
+                save_state(paths.last, state, history, args, about)
+            reports.write_history(paths.csv, history, writer)  # last: the CSV follows the files
             print(f"epoch {epoch}/{args.epochs} | train loss {train_loss:.4f} | val loss "
                   f"{val_loss:.4f} | val acc {val_acc:.4f}{reports.rate(scheduler)} | "
                   f"{seconds:.1f} s" + (" | saved best" if best_epoch == epoch else ""))
@@ -117,14 +120,14 @@ def train(args: argparse.Namespace, files: RunFiles) -> None:
     # 6. final test ----------------------------------------------------------------------------
     if not master_process:
         return
-    ## The best model, reloaded from disk (proof that it loads), on pictures it has never seen.
-    best_model, _ = common.load_model(files.model, device)
-    guesses, truth = predict_all(best_model, test_loader, device, amp_dtype)  # for the matrix
+    ## The best model, reloaded from its file (proof that it loads), on pictures never seen.
+    best_model, _ = files.load_model(paths.model, device)
+    guesses, truth = reports.predict_all(best_model, test_loader, device, amp_dtype)
     correct = int((guesses == truth).sum())
-    print(f"best epoch {best_epoch} (val acc {best_acc:.4f}) saved to {files.model}; metrics in "
-          f"{files.csv}")
+    print(f"best epoch {best_epoch} (val acc {best_acc:.4f}) saved to {paths.model}; metrics in "
+          f"{paths.csv}")
     print(f"Test Accuracy: {correct / len(truth):.4f} ({correct}/{len(truth)})")
-    reports.after_test(args, files.mistakes, classes, test_images[test_idx], guesses, truth,
+    reports.after_test(args, paths.mistakes, classes, test_images[test_idx], guesses, truth,
                        history, len(train_idx))
 
 
@@ -133,7 +136,7 @@ def train(args: argparse.Namespace, files: RunFiles) -> None:
 
 ## --dataset: torchvision's folder (DATA_DIR/<folder>/raw/) and class names; nothing else changes.
 DATASETS = {
-    "mnist": ("MNIST", reports.DIGITS),
+    "mnist": ("MNIST", [str(digit) for digit in range(10)]),
     "fashion-mnist": ("FashionMNIST", ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                                        "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]),
 }
@@ -143,16 +146,13 @@ def setup(args: argparse.Namespace) -> tuple[torch.device, torch.dtype | None, b
     """Join torchrun's processes (if any), fetch the data, seed, set how the maths run. Returns
     (device, --amp's 16-bit dtype or None, master_process: the one that prints and saves)."""
     device = common.get_device(args.device)  # "auto": the accelerator if there is one
-    if args.device == "auto":  # an NVIDIA driver, but no GPU that this PyTorch can use? say so
-        safeguards.note_missing_gpu(device)
+    platforms.note_missing_gpu(device, args.device)  # an NVIDIA GPU this PyTorch cannot use?
     ## `torchrun --nproc_per_node=N mnist_train.py` starts N copies of this script, numbered
-    ## ("ranked") 0 to N-1 in the RANK variable; each trains on its share of every batch
-    ## (docs/distributed.md). A plain `python mnist_train.py` is one process, rank 0.
-    rank = 0
-    if "RANK" in os.environ:
-        rank, device = safeguards.init_distributed(device)  # one GPU per process
-    safeguards.download_mnist(args.data_dir, DATASETS[args.dataset][0])  # if not there yet
-    ## Seeds weight initialisation, dropout and --augment; the loaders shuffle with their own
+    ## ("ranked") 0 to N-1; each trains on its share of every epoch (docs/distributed.md), and
+    ## process 0 alone judges, prints and saves. A plain `python mnist_train.py` is rank 0.
+    rank, device = platforms.join_torchrun(device)  # (0, device) without torchrun
+    files.download_mnist(args.data_dir, DATASETS[args.dataset][0])  # if not there yet
+    ## Seeds weight initialisation, dropout and --augment; the shuffles have their own
     ## generators, from --seed too. + rank: each process draws its own dropout and augmentation.
     common.set_seed(args.seed + rank)
     ## Precision. Float32 numbers below 1e-38 ("denormals"), which Adam makes in this MLP, are
@@ -161,9 +161,9 @@ def setup(args: argparse.Namespace) -> tuple[torch.device, torch.dtype | None, b
     if device.type == "cuda":  # TF32: float32 matmuls on tensor cores, with a 10-bit mantissa
         torch.set_float32_matmul_precision("high")  # (Ampere and later): faster, close enough
     if args.deterministic:  # GPUs: the same numbers every run, a little slower
-        safeguards.make_deterministic()
+        platforms.make_deterministic()
     ## --amp: matmuls in 16 bits, the weights kept in float32: bfloat16, or float16 on old GPUs.
-    return device, safeguards.amp_dtype(args.amp, device), rank == 0
+    return device, platforms.amp_dtype(args.amp, device), rank == 0
 
 
 def normalisation(dataset: str, images: torch.Tensor) -> tuple[float, float]:
@@ -194,63 +194,44 @@ def choose_splits(args: argparse.Namespace, n_train: int,
     return train_idx, val_idx, test_idx
 
 
-def make_loader(args: argparse.Namespace, images: torch.Tensor, labels: torch.Tensor, *,
-                mean: float, std: float, device: torch.device, shuffle: bool = False):
-    """Batches of (standardised pictures, labels); for training, shuffled anew every epoch."""
-    batch_size = args.batch_size if shuffle else args.test_batch_size
-    augment = shuffle and args.augment  # training batches only: judge the pictures as they are
-    if args.loader == "dataloader":  # not the default: see classic_loader() below
-        return classic_loader(args, PictureDataset(images, labels, mean, std), batch_size,
-                              device, shuffle, augment)
-    ## The default: standardised once, on the training device; a batch is one indexing step.
-    return common.TensorLoader(
-        common.normalize_images(images, mean, std, device), labels.to(device), batch_size,
-        shuffle=shuffle, seed=args.seed,
-        transform=partial(augmentation.augment, styles=args.dataset == "mnist") if augment
-        else None)  # the writing styles of --augment are for digits only
+## The in-memory loader. mnist_minimal.py's DataLoader turns each of 64 pictures into a tensor,
+## then stacks them, for every batch of every epoch: for a model this small, that costs more
+## than the training itself. MNIST fits in memory, so here every picture is converted once, on
+## the training device, and a batch is one indexing step.
+class InMemoryLoader:
+    """Batches of (standardised pictures, labels), used as a DataLoader is. With a seed: in a
+    new order every epoch (set_epoch(), as DistributedSampler's), else in order."""
 
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
+                 mean: float, std: float, device: torch.device, seed: int | None = None,
+                 transform=None) -> None:
+        ## What ToTensor and Normalize do, for all at once: uint8 [N, 28, 28] to standardised
+        ## float32 [N, 1, 28, 28]. The bytes travel first (4x less than float32).
+        self.inputs = images.to(device).unsqueeze(1).float().div_(255).sub_(mean).div_(std)
+        self.targets, self.batch_size = labels.to(device), batch_size
+        self.seed, self.transform, self.epoch = seed, transform, 0  # transform: --augment's
 
-class PictureDataset(Dataset):
-    """The classic Dataset: each picture becomes a standardised tensor when it is asked for."""
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, mean: float, std: float):
-        self.images, self.labels, self.mean, self.std = images, labels, mean, std
+    def order(self) -> torch.Tensor:
+        """This epoch's order: a permutation from seed + epoch, the same in every process."""
+        if self.seed is None:
+            return torch.arange(len(self.targets))
+        order = torch.randperm(len(self.targets),
+                               generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        ## torchrun: process r takes every N-th index from the r-th, padded (as DistributedSampler
+        ## pads) so that every process has as many batches: DDP waits for all at every step.
+        world, rank = platforms.world_and_rank()  # (1, 0) without torchrun
+        return order.repeat(world)[: math.ceil(len(order) / world) * world][rank::world]
 
-    def __len__(self) -> int:
-        return len(self.labels)
+    def __len__(self) -> int:  # batches per epoch, in this process
+        return math.ceil(len(self.order()) / self.batch_size)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:  # what ToTensor + Normalize do
-        return (self.images[i][None].float() / 255 - self.mean) / self.std, int(self.labels[i])
-
-
-def classic_loader(args, dataset, batch_size, device, shuffle, augment):
-    """--loader dataloader, the tool for data too big for memory: pictures read one at a time,
-    in --num-workers background processes, and collated into batches."""
-    ## pin_memory: batches in page-locked memory, which a GPU copies from faster.
-    options = dict(num_workers=args.num_workers, persistent_workers=args.num_workers > 0,
-                   pin_memory=device.type == "cuda")
-    if not shuffle:  # evaluation: every picture, in order
-        return DataLoader(dataset, batch_size, **options)
-    ## DistributedSampler: each epoch's order from --seed + epoch, and under torchrun this
-    ## process's share of it (without torchrun: a world of one process, which takes all).
-    sampler = DistributedSampler(dataset, common.process_count(), common.process_rank(),
-                                 seed=args.seed)
-    collate = partial(augmentation.collate_and_augment, styles=args.dataset == "mnist")
-    loader = DataLoader(dataset, batch_size, sampler=sampler,
-                        collate_fn=collate if augment else None, **options)
-    loader.set_epoch = sampler.set_epoch  # as on a TensorLoader: train() calls it every epoch
-    return loader
-
-
-def model_sizes(args: argparse.Namespace) -> dict:
-    """--hidden and --channels as build_model() takes them ({}: the model's own defaults)."""
-    if args.model == "mlp" and args.channels is not None:
-        raise UsageError("--channels is for --model cnn; the MLP has --hidden only")
-    if args.model == "cnn" and args.hidden is not None and len(args.hidden) != 1:
-        raise UsageError("--model cnn has one hidden linear layer: give --hidden one size")
-    hidden = args.hidden if args.model == "mlp" or args.hidden is None else args.hidden[0]
-    return {name: value for name, value in (("hidden", hidden), ("channels", args.channels))
-            if value is not None}
+    def __iter__(self):
+        for idx in self.order().to(self.inputs.device).split(self.batch_size):
+            batch = self.inputs.index_select(0, idx), self.targets.index_select(0, idx)
+            yield batch if self.transform is None else self.transform(*batch)
 
 
 def make_optimizer(name: str, params, lr: float, device: torch.device) -> torch.optim.Optimizer:
@@ -278,53 +259,55 @@ def make_schedule(name: str, optimizer: torch.optim.Optimizer, total_steps: int)
 
 
 def weight_average(model: nn.Module, optimizer: torch.optim.Optimizer,
-                   total_steps: int) -> nn.Module:
-    """--ema: a copy of `model` whose weights follow an average of its recent weights."""
+                   total_steps: int) -> AveragedModel:
+    """--ema: a copy of `model` (in .module) whose weights follow an average of its recent ones."""
     ## Late in training each step moves the weights a little around a good point, partly at
-    ## random; an average of the recent weights sits nearer to it. This one spans about the last
-    ## tenth of the run. (torch.optim.swa_utils.AveragedModel: the same, more options, more work.)
-    averaged = copy.deepcopy(model).requires_grad_(False)  # uncompiled, if --compile follows
-    decay = max(0.0, 1 - 10 / total_steps)
-    ## Weights and buffers (BatchNorm's statistics), paired; a shared weight is listed once.
-    pairs = list(zip([*averaged.parameters(), *averaged.buffers()],
-                     [*model.parameters(), *model.buffers()]))
-
-    @torch.no_grad()
-    def update(*_) -> None:
-        for average, current in pairs:
-            if average.is_floating_point():
-                average.lerp_(current, 1 - decay)  # average + (1 - decay) * (current - average)
-            else:  # a counter, such as BatchNorm's num_batches_tracked
-                average.copy_(current)
-
-    optimizer.register_step_post_hook(update)  # the loop stays as it is
-    return averaged
+    ## random; an average of the recent weights sits nearer to it. This exponential moving
+    ## average spans about the last tenth of the run: each step, average += (1 - decay) x
+    ## (weights - average).
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(max(0.0, 1 - 10 / total_steps)))
+    ema.update_parameters(model)  # the first update copies the weights; the next ones average
+    optimizer.register_step_post_hook(lambda *_: ema.update_parameters(model))  # after step()
+    return ema
 
 
-def predict_all(model: nn.Module, loader, device: torch.device,
-                amp_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's guess for every picture of `loader`, in order, and the true labels."""
-    model.eval()
-    guesses, truth = [], []
-    with torch.inference_mode(), torch.autocast(device.type, amp_dtype, amp_dtype is not None):
-        for inputs, targets in loader:
-            guesses.append(model(inputs.to(device)).argmax(dim=1).cpu())
-            truth.append(targets.cpu())
-    return torch.cat(guesses), torch.cat(truth)
+## --resume: after every epoch, the last model and the state_dict() of everything else that
+## training changes are saved beside the best model; a resumed run loads each one back.
+def save_state(path, state: dict, history: list, args: argparse.Namespace, about: dict) -> None:
+    """Save what --resume needs to go on after this epoch, as if never stopped."""
+    training = {name: thing.state_dict() for name, thing in state.items() if thing is not None}
+    epoch, val_acc = history[-1][0], history[-1][3]
+    with files.written_whole(path) as f:  # predict.py can load this file too
+        torch.save({"state_dict": training.pop("model"), "epoch": epoch, "val_accuracy": val_acc,
+                    **about, "training": {**training, "epoch": epoch, "history": history,
+                                          "rng": torch.get_rng_state(),
+                                          "settings": runs.settings(args)}}, f)
+
+
+def resume(path, state: dict) -> tuple[int, int, float, list]:
+    """Load save_state()'s file back into `state`'s objects; return the epoch to go on with,
+    the best epoch so far and its accuracy, and the history of epochs."""
+    checkpoint = files.read_checkpoint(path)  # main() checked it, and its settings, before
+    training = {**checkpoint["training"], "model": checkpoint["state_dict"]}  # any work
+    with files.explain_misfit(path, "the model its settings describe",  # one line, if not
+                              "start a new run without --resume"):
+        for name, thing in state.items():
+            if thing is not None:
+                thing.load_state_dict(training[name])
+    ## The CPU's random numbers (dropout, --augment), as if never stopped. Under torchrun only
+    ## process 0's were saved, and each process draws its own: they keep theirs.
+    if not platforms.distributed():
+        torch.set_rng_state(training["rng"])
+    best = max(training["history"], key=lambda row: row[3])  # the first epoch at the best
+    return training["epoch"] + 1, best[0], best[3], training["history"]  # accuracy: saved
 
 
 # ---------------------------------------------------------------------------------------------
-# The settings, and how a run starts and ends.
+# The settings, and main().
 
-## The settings that make a run what it is, saved with it: --resume goes on with them.
-RUN_SETTINGS = ("model", "hidden", "channels", "dataset", "optimizer", "lr", "batch_size",
-                "augment", "clip_grad", "amp", "seed", "val_size", "subset", "loader", "epochs",
-                "schedule", "ema")
-
-
-def build_parser() -> safeguards.ArgumentParser:
-    parser = safeguards.ArgumentParser(description=__doc__.split("\n")[0])
-    positive, add = safeguards.positive, parser.add_argument
+def build_parser() -> command_line.ArgumentParser:
+    parser = command_line.ArgumentParser(description=__doc__.split("\n")[0])
+    positive, add = command_line.positive, parser.add_argument
     # training
     add("--epochs", type=positive(int), default=5, help="passes over the data")
     add("--batch-size", type=positive(int), default=64, help="pictures per step; raise --lr too")
@@ -350,22 +333,19 @@ def build_parser() -> safeguards.ArgumentParser:
     add("--data-dir", default="./data", help="MNIST is in (or downloaded to) DATA_DIR/MNIST/raw/")
     add("--val-size", type=positive(int), default=5000, help="pictures to pick the best epoch")
     add("--subset", type=positive(int), metavar="N", help="train on N pictures only")
-    add("--loader", choices=["memory", "dataloader"], default="memory", help="memory: batches "
-        "cut from tensors decoded once; dataloader: the classic Dataset + DataLoader")
-    add("--num-workers", type=safeguards.number_from(0, 64), default=0,
-        help="DataLoader worker processes (with --loader dataloader)")
     # system
     add("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps, xpu")
     add("--amp", nargs="?", const="auto", choices=["auto", "bf16", "fp16"], help="mixed "
         "precision: --amp alone is bf16, or fp16 on GPUs without native bf16")
     add("--compile", action="store_true", help="torch.compile the model")
-    add("--seed", type=safeguards.number_from(0, 2**32 - 1), default=42,
+    add("--seed", type=command_line.number_from(0, 2**32 - 1), default=42,
         help="same seed, same run (bit for bit on one CPU and thread count; GPUs: --deterministic)")
     add("--deterministic", action="store_true", help="bit-identical runs on a GPU too (slower)")
     # output
-    add("--save-path", type=safeguards.file_path, help="the best model (default: checkpoints/"
+    add("--save-path", type=command_line.file_path, help="the best model (default: checkpoints/"
         "mnist_<model>.pt), with the state for --resume (_last.pt), the metrics (.csv) and the "
-        "mistakes (_mistakes.png) beside it; an earlier run's files are renamed, not replaced")
+        "mistakes (_mistakes.png) beside it; an earlier run's files are renamed, not replaced; "
+        "a dry run's are named dry_run_*")
     add("--log-interval", type=positive(int), default=200, help="log the loss every N batches")
     add("--tensorboard", metavar="DIR", help="also log to DIR (pip install tensorboard)")
     add("--resume", action="store_true", help="go on with the run saved at --save-path, from "
@@ -375,74 +355,16 @@ def build_parser() -> safeguards.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Check the command line and the files, train, and end with one line whatever happens.
-    A first plain run passes every check and has nothing to set aside: main() is then
-    parse_args() and train(); the rest is how a run that goes wrong ends."""
-    safeguards.printable_output()  # Windows' cp1252 console: a path's letter it lacks, escaped
+    """Read the command line, and train. Around the lesson, runs.Run checks the settings and the
+    files before any work (and keeps an earlier run's), holds the save path so that no other run
+    writes there at the same time, and ends a run that goes wrong with one line that says what
+    is on disk and how to go on."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.epochs = 1 if args.dry_run else args.epochs
-    name = f"{'dry_run_' if args.dry_run else ''}{args.dataset.replace('-', '_')}_{args.model}.pt"
-    files = RunFiles.beside(args.save_path or Path("checkpoints", name))
-    master = safeguards.is_main_process()  # a plain run, or torchrun's process 0: it writes
-    rank = f" (rank {os.environ['RANK']})" if "RANK" in os.environ else ""  # under torchrun
-    kept, code = {}, 1
-    try:
-        with safeguards.stop_signals():  # `kill` and Ctrl-Break stop the run as Ctrl-C does
-            check_settings(args, files)
-            if args.resume:  # the saved run's settings, and whether it can go on
-                safeguards.check_resume(args, parser, argv, files, RUN_SETTINGS)
-            ## An earlier run's files are renamed, never replaced (dry_run_*.pt: by the next).
-            if master and not args.resume and (args.save_path or not args.dry_run):
-                safeguards.set_aside(files, kept)
-            train(args, files)
-            if sys.stdout is not None:  # None: started with stdout closed (`>&-`)
-                sys.stdout.flush()  # here, where a closed output can still be caught
-        code = 0
-    except UsageError as err:
-        parser.error(str(err))  # exit code 2, like argparse's own errors
-    except (KeyboardInterrupt, OSError) as err:  # Ctrl-C, `kill`, `| head` closed the output
-        go_on = safeguards.command_to_go_on("mnist_train.py", argv, "--resume")
-        ending = safeguards.on_disk(files, kept, args.epochs, go_on) if master else ""
-        code = safeguards.stopped(err, ending)  # process 0 wrote the files, and says what is there
-    except FloatingPointError as err:  # the loss became NaN or inf
-        print(f"error{rank}: {err} With this script: --lr {args.lr / 10:g} or --clip-grad 1.0. "
-              f"{safeguards.on_disk(files, kept, args.epochs)}", file=sys.stderr)
-    except (common.DataError, common.CheckpointError) as err:
-        print(f"error{rank}: {str(err).rstrip('.')}.", file=sys.stderr)
-    except common.OutputError as err:  # a full disk, say: what was saved before is still there
-        print(f"error{rank}: {err} {safeguards.on_disk(files, kept, args.epochs)}", file=sys.stderr)
-    except RuntimeError as err:  # torch.OutOfMemoryError included: its words, or a CPU's malloc's
-        if not any(words in str(err) for words in ("out of memory", "you tried to allocate")):
-            raise  # a bug: its traceback
-        print(f"error{rank}: out of memory: lower --batch-size (now {args.batch_size}) or the "
-              "model's size (--hidden, --channels). "
-              f"{safeguards.on_disk(files, kept, args.epochs)}", file=sys.stderr)
-    finally:
-        if code != 0 and not files.model.exists():  # saved nothing: the earlier run's files
-            for old, new in kept.items():  # go back where they were
-                os.replace(new, old)
-        safeguards.leave_distributed(wait=code == 0)
-    return code
-
-
-def check_settings(args: argparse.Namespace, files: RunFiles) -> None:
-    """Refuse, before any work, flags that clash, sizes beyond memory and unwritable files."""
-    sizes = model_sizes(args)
-    if args.num_workers and args.loader == "memory":
-        raise UsageError("--num-workers is for --loader dataloader; the in-memory loader needs "
-                         "no worker processes")
-    try:
-        device = common.get_device(args.device)
-    except ValueError as err:
-        raise UsageError(f"--device: {err}") from None
-    if args.compile and (problem := safeguards.compile_problem(device)):
-        raise UsageError(f"--compile: {problem}; leave --compile out to train without it")
-    safeguards.check_model_size(args, sizes, device)  # --hidden or --channels beyond memory
-    if safeguards.is_main_process():  # the process that writes the files
-        safeguards.check_outputs(files, "--tensorboard", args.tensorboard)
+    with runs.Run(args, parser, argv) as run:
+        train(args, run.prepare())
+    return run.code
 
 
 if __name__ == "__main__":
-    gc.freeze()  # the imports' objects are never scanned by the collector again (docs/speed.md)
-    sys.exit(main())
+    runs.run_script(main)

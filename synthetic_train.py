@@ -24,7 +24,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import common
-from plumbing import safeguards
+from plumbing import runs
+from plumbing.command_line import ArgumentParser, number_from, positive
 
 
 # 1. data ------------------------------------------------------------------------------------
@@ -76,8 +77,8 @@ def init_weights(module: nn.Module) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = safeguards.ArgumentParser(description=__doc__.split("\n")[0])
-    positive, number_from, add = safeguards.positive, safeguards.number_from, parser.add_argument
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
+    add = parser.add_argument
     add("--epochs", type=positive(int), default=10, help="passes over the data")
     add("--batch-size", type=positive(int), default=64, help="samples per training step")
     add("--lr", type=positive(float), default=1e-3, help="peak learning rate, after warmup")
@@ -107,8 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     train_set = ClusterDataset(args.samples, args.input_dim, args.num_classes, args.seed + 1)
     val_set = ClusterDataset(args.samples // 4, args.input_dim, args.num_classes, args.seed + 2)
     ## Shuffle the training data only (a new order each epoch: the model cannot learn the order).
+    ## pin_memory: batches in page-locked memory, which a GPU copies from faster.
     train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True,
-                              generator=generator, num_workers=args.num_workers)  # by --seed
+                              generator=generator, num_workers=args.num_workers,  # by --seed
+                              pin_memory=device.type == "cuda")
     ## Evaluation keeps no gradients, so bigger batches fit; the size does not change the result.
     val_loader = DataLoader(val_set, batch_size=256, num_workers=args.num_workers)
 
@@ -151,4 +154,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    safeguards.run_script(main)
+    runs.run_script(main)

@@ -36,9 +36,12 @@ def copies_per_epoch(data_dir: str) -> tuple[int, int]:
     import common
 
     device = common.get_device()
-    images, labels = common.load_mnist(data_dir, train=True)
-    inputs = common.normalize_images(images, common.MNIST_MEAN, common.MNIST_STD, device)
-    loader = common.TensorLoader(inputs, labels.to(device), 64, shuffle=True)
+    import mnist_train
+    from plumbing import files
+
+    images, labels = files.load_mnist(data_dir, train=True)
+    loader = mnist_train.InMemoryLoader(images, labels, 64, mean=common.MNIST_MEAN,
+                                        std=common.MNIST_STD, device=device, seed=0)
     model = common.build_model("mlp").to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
     with torch.profiler.profile() as prof:

@@ -10,8 +10,8 @@ images, and their epochs are interleaved (a1 b1 c1 d1 a2 b2 ...) so that a slow 
 shared machine hits all of them alike:
   (a) classic    mnist_minimal.py's loaders and loop: PIL -> ToTensor -> Normalize per sample
                  in a DataLoader, plain Adam
-  (b) this repo  images decoded and normalised once (common.normalize_images), batches indexed
-                 from memory (common.TensorLoader), common.train_one_epoch, fused Adam
+  (b) this repo  images decoded and normalised once (mnist_train.InMemoryLoader), batches indexed
+                 from memory, common.train_one_epoch, fused Adam
   (c) floor      the same model and optimizer as (b) on random tensors already in memory, sliced
                  in order: what training costs with no data pipeline at all
   (d) floor on MNIST: the same as (c) on (b)'s normalised MNIST images, sliced in order.
@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -55,7 +56,8 @@ from bare_loop import floor_epoch
 
 import common
 import mnist_minimal
-from plumbing import safeguards
+import mnist_train
+from plumbing import command_line, files
 
 
 def timed(device, fn, *args, **kwargs):
@@ -68,8 +70,8 @@ def timed(device, fn, *args, **kwargs):
 
 def per_epoch(args, device):
     criterion = nn.CrossEntropyLoss()
-    images, labels = common.load_mnist(args.data_dir, train=True)
-    test_images, test_labels = common.load_mnist(args.data_dir, train=False)
+    images, labels = files.load_mnist(args.data_dir, train=True)
+    test_images, test_labels = files.load_mnist(args.data_dir, train=False)
 
     torch.manual_seed(42)
     model_a = common.build_model(args.model).to(device)
@@ -80,10 +82,8 @@ def per_epoch(args, device):
     model_b = common.build_model(args.model).to(device)
     opt_b = torch.optim.Adam(model_b.parameters(), lr=1e-3, fused=True)
     mean, std = common.MNIST_MEAN, common.MNIST_STD
-    train_b = common.TensorLoader(common.normalize_images(images, mean, std, device),
-                                  labels.to(device), 64, shuffle=True, seed=42)
-    test_b = common.TensorLoader(common.normalize_images(test_images, mean, std, device),
-                                 test_labels.to(device), 1000)
+    loader = partial(mnist_train.InMemoryLoader, mean=mean, std=std, device=device)
+    train_b, test_b = loader(images, labels, 64, seed=42), loader(test_images, test_labels, 1000)
 
     torch.manual_seed(42)
     model_c = common.build_model(args.model).to(device)
@@ -103,6 +103,7 @@ def per_epoch(args, device):
         with contextlib.redirect_stdout(io.StringIO()):  # its loss lines
             times["a"].append(timed(device, mnist_minimal.train, model_a, train_a, criterion,
                                     opt_a, device, epoch))
+        train_b.set_epoch(epoch)  # as mnist_train.py does: a new order each epoch
         times["b"].append(timed(device, common.train_one_epoch, model_b, train_b, criterion,
                                 opt_b, device, epoch=epoch, log=None))
         times["c"].append(timed(device, floor_epoch, model_c, x_c, y_c, criterion, opt_c, 64))
@@ -223,15 +224,15 @@ def main():
     parser.add_argument("--data-dir", default="./data")
     parser.add_argument("--model", choices=sorted(common.MODELS), default="mlp")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--epochs", type=safeguards.positive(int), default=5,
+    parser.add_argument("--epochs", type=command_line.positive(int), default=5,
                         help="epochs of each pipeline (or script, with --end-to-end); the median "
                              "of the epoch-by-epoch ratios (from epoch 2 on) is compared")
-    parser.add_argument("--chunk", type=safeguards.positive(int), default=None, metavar="STEPS",
+    parser.add_argument("--chunk", type=command_line.positive(int), default=None, metavar="STEPS",
                         help="time (b), (c) and (d) only, alternated every STEPS training steps "
                              "instead of every epoch, for --epochs epochs' worth of steps; the "
                              "first epoch's worth is warm-up")
     parser.add_argument("--end-to-end", action="store_true")
-    parser.add_argument("--rounds", type=safeguards.positive(int), default=3,
+    parser.add_argument("--rounds", type=command_line.positive(int), default=3,
                         help="--end-to-end: how many alternated rounds of runs (classic, "
                              "ours, the bare loop)")
     args = parser.parse_args()

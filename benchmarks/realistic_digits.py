@@ -72,9 +72,8 @@ from torchvision.utils import make_grid, save_image
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-import common
 import predict
-from plumbing import digit_cleanup
+from plumbing import digit_cleanup, files
 
 ## New scenarios go at the end: every picture draws from one random stream, so a scenario
 ## added in the middle would change all the pictures after it.
@@ -321,7 +320,7 @@ def paint(full: torch.Tensor, scenario: str, rng: random.Random, g: torch.Genera
 
 
 def make(args) -> None:
-    images, labels = common.load_mnist(args.data_dir, train=False)
+    images, labels = files.load_mnist(args.data_dir, train=False)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng, g = random.Random(args.seed), torch.Generator().manual_seed(args.seed)
@@ -357,7 +356,7 @@ def score(args) -> None:
     folder = Path(args.images)
     with open(folder / "labels.csv") as f:
         rows = list(csv.DictReader(f))
-    models = [(Path(c).stem, *common.load_model(c)) for c in args.checkpoint]
+    models = [(Path(c).stem, *files.load_model(c)) for c in args.checkpoint]
     right = {(name, way): [] for name, _, _ in models for way in ("predict.py", "naive")}
     warned, wrong = [], []
     for r in rows:
@@ -456,7 +455,7 @@ def accuracy(model: torch.nn.Module, checkpoint: dict, digits: torch.Tensor,
 def widths(args) -> None:
     """MNIST's own stroke widths and ink, which the clean-up's constants come from."""
     for train in (True, False):
-        images, _ = common.load_mnist(args.data_dir, train=train)
+        images, _ = files.load_mnist(args.data_dir, train=train)
         digits = images.float() / 255
         found = torch.tensor([width_at_4x(x) for x in digits])
         print(f"MNIST's {len(digits)} {'training' if train else 'test'} digits: stroke width at "
@@ -467,13 +466,13 @@ def widths(args) -> None:
 
 def trip(args) -> None:
     """The round trip's tables: per scenario, what came back against the MNIST originals."""
-    images, labels = common.load_mnist(args.data_dir, train=False)
+    images, labels = files.load_mnist(args.data_dir, train=False)
     versions = [("this clean-up", digit_cleanup)]
     if args.compare_with:  # another version's digit_cleanup.py, on the same pictures
         spec = importlib.util.spec_from_file_location("other_cleanup", args.compare_with)
         versions.append((args.compare_with, importlib.util.module_from_spec(spec)))
         spec.loader.exec_module(versions[1][1])
-    model, checkpoint = common.load_model(args.checkpoint)
+    model, checkpoint = files.load_model(args.checkpoint)
     picks = torch.randperm(len(labels), generator=torch.Generator().manual_seed(args.seed))
     picks = picks[:args.digits]
     originals, labels = images[picks].float() / 255, labels[picks]

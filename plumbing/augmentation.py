@@ -7,15 +7,14 @@
 
 augment() tilts, scales, widens, shifts, thickens or thins each digit its own way; styles=True also
 draws strokes that MNIST's writers rarely used. For a DataLoader that loads one sample at a time,
-pass collate_fn=functools.partial(augmentation.collate_and_augment, styles=True): a partial,
-unlike a lambda, reaches worker processes. Augment the training batches only. Needs only torch.
+augment the batches it collates (its collate_fn). Augment the training batches only. Needs only
+torch.
 """
 
 import math
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import default_collate
 
 
 def augment(images: torch.Tensor, labels: torch.Tensor,
@@ -161,7 +160,3 @@ def draw_line(x0, y0, x1, y1, width: torch.Tensor, size: int) -> torch.Tensor:
     distance = (gap_x * gap_x + gap_y * gap_y).sqrt()
     return (width / 2 + 0.5 - distance).clamp(0, 1)
 
-
-def collate_and_augment(samples: list, styles: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """DataLoader collate_fn for --augment: stack the samples, then augment the batch."""
-    return augment(*default_collate(samples), styles=styles)

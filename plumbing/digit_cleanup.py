@@ -65,6 +65,9 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
                                    "give a picture file, or pipe one in as /dev/stdin")
             if path.is_file() and path.stat().st_size == 0:  # not a pipe: those have no size
                 raise ImageProblem("is empty (0 bytes)")
+            if path.suffix.lower() in (".pt", ".pth") and path.is_file():
+                raise ImageProblem(f"is a checkpoint, not a picture: did you mean --checkpoint "
+                                   f"{path}?")
         except OSError as err:  # a name too long, a folder this user may not enter
             raise ImageProblem(f"cannot be read: {err.strerror or err}") from None
     try:

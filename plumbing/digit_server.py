@@ -23,6 +23,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from plumbing.digit_cleanup import ImageProblem
+
 PAGE = Path(__file__).resolve().with_name("draw_a_digit.html")
 MAX_BODY = 20 * 1024 * 1024  # bytes: a big phone photo is 5-10 MB
 BODIES_HELD = 4 * MAX_BODY  # bytes of pictures in memory at once, all uploads together
@@ -281,11 +283,28 @@ def is_ip(name: str) -> bool:
     return True
 
 
-def run(host: str, port: int, answer: Callable[[bytes], dict], about: dict,
-        debug: bool = False) -> int:
-    """make_server(), then serve() until Ctrl-C; a port or host that fails is one line, code 2."""
+def page_answer(classify: Callable) -> Callable[[bytes], dict]:
+    """The page's answer to a picture's bytes, from `classify` (predict.read_and_classify, its
+    model chosen): its result and the 28 x 28 input the model saw, or {"error": why}."""
+    def answer(picture: bytes) -> dict:
+        try:
+            result, digit, _ = classify(io.BytesIO(picture))
+        except ImageProblem as err:
+            return {"error": f"the picture {err}"}
+        return {**result, "input": (digit * 255).round().byte().tolist()}
+
+    return answer
+
+
+def run(args, path: Path, checkpoint: dict, classify: Callable) -> int:
+    """`predict.py --serve`: make_server() on --host and --port for the checkpoint at `path`,
+    then serve() until Ctrl-C; a port or host that fails is one line, code 2."""
+    host, port = args.host, args.port
+    about = {"checkpoint": str(path), "model": checkpoint["model_name"],
+             "epoch": checkpoint.get("epoch"), "val_accuracy": checkpoint.get("val_accuracy"),
+             "classes": checkpoint["classes"]}
     try:
-        server = make_server(host, port, answer, about, debug)
+        server = make_server(host, port, page_answer(classify), about, args.debug)
     except OSError as err:
         if isinstance(err, FileNotFoundError):  # the page
             print(f"error: {err}", file=sys.stderr)

@@ -13,7 +13,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 from torch import nn
 
-import common
+from plumbing import files
 
 DIGITS = [str(digit) for digit in range(10)]
 
@@ -59,7 +59,8 @@ def write_history(path: Path, history: list[list], writer) -> None:
     rows = [[epoch, *(f"{float(x):.6f}" for x in losses), f"{float(s):.3f}", int(saved)]
             for epoch, *losses, s, saved in history]
     csv.writer(text).writerows([header, *rows])
-    common.write_atomically(path, text.getvalue().encode())
+    with files.written_whole(path) as f:
+        f.write(text.getvalue().encode())
     if writer is not None:
         epoch, train_loss, val_loss, val_acc = history[-1][:4]
         writer.add_scalars("loss", {"train": float(train_loss), "val": float(val_loss)}, epoch)
@@ -88,6 +89,18 @@ def after_test(args, mistakes: Path, classes: list[str], images: torch.Tensor,
     if not args.dry_run and n_train >= 1000 and best_acc < near_chance and test_acc < near_chance:
         print(did_not_learn(best_acc, len(classes), args.lr, args.optimizer,
                             train_losses, args.clip_grad))
+
+
+def predict_all(model: nn.Module, loader, device: torch.device,
+                amp_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's guess for every picture of `loader`, in order, and the true labels."""
+    model.eval()
+    guesses, truth = [], []
+    with torch.inference_mode(), torch.autocast(device.type, amp_dtype, amp_dtype is not None):
+        for inputs, targets in loader:
+            guesses.append(model(inputs.to(device)).argmax(dim=1).cpu())
+            truth.append(targets.cpu())
+    return torch.cat(guesses), torch.cat(truth)
 
 
 def confusion_matrix(guesses: torch.Tensor, truth: torch.Tensor, classes: int = 10) -> torch.Tensor:
@@ -137,9 +150,8 @@ def write_grid(path: Path, tiles: list[Image.Image], columns: int = 8, gap: int 
                            math.ceil(len(tiles) / columns) * (h + gap) + gap), 128)
     for i, tile in enumerate(tiles):
         grid.paste(tile, (gap + (i % columns) * (w + gap), gap + (i // columns) * (h + gap)))
-    buffer = io.BytesIO()
-    grid.save(buffer, format="png")
-    common.write_atomically(path, buffer.getvalue())
+    with files.written_whole(path) as f:
+        grid.save(f, format="png")
 
 
 def did_not_learn(best_acc: float, classes: int, lr: float, optimizer: str,

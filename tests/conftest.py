@@ -134,16 +134,16 @@ def small_disk(tmp_path):
 def page_server(trained_checkpoint):
     """The page's server, as `predict.py --serve` builds it, on a free port: its port."""
     import threading
+    from functools import partial
 
-    import common
     import predict
-    from plumbing import digit_server
+    from plumbing import digit_server, files
 
-    model, checkpoint = common.load_model(trained_checkpoint)
+    model, checkpoint = files.load_model(trained_checkpoint)
     about = {"checkpoint": str(trained_checkpoint), "model": "mlp", "epoch": checkpoint["epoch"],
              "val_accuracy": checkpoint["val_accuracy"]}
-    httpd = digit_server.make_server("127.0.0.1", 0, predict.page_answer(model, checkpoint, "cpu"),
-                                     about)
+    classify = partial(predict.read_and_classify, model=model, checkpoint=checkpoint, device="cpu")
+    httpd = digit_server.make_server("127.0.0.1", 0, digit_server.page_answer(classify), about)
     thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)  # quick end
     thread.start()
     yield httpd.server_port

@@ -67,3 +67,14 @@ def press_ctrl_c(proc: subprocess.Popen) -> None:
     ## test runner too), and send_signal(SIGINT) raises ValueError there. CTRL_BREAK_EVENT can
     ## be aimed at a process group, and the scripts treat it exactly like Ctrl-C.
     proc.send_signal(signal.CTRL_BREAK_EVENT if sys.platform == "win32" else signal.SIGINT)
+
+
+def save_checkpoint(path, model, **about) -> None:
+    """A checkpoint as mnist_train.py saves one: the weights, with what rebuilds and uses them
+    (model_name, mean, std, and here any other keys given)."""
+    torch.save({"state_dict": model.state_dict(), **about}, path)
+
+
+def standardised(images, mean, std):
+    """uint8 pictures [N, 28, 28] as mnist_train.py standardises them: float32 [N, 1, 28, 28]."""
+    return images.unsqueeze(1).float().div(255).sub(mean).div(std)

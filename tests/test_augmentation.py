@@ -1,15 +1,15 @@
 """augmentation.py: what --augment does to a batch, and that it touches training batches only."""
 
 import math
-from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import standardised
 
 import common
 import mnist_train
-from plumbing import augmentation
+from plumbing import augmentation, files
 
 
 @pytest.fixture
@@ -29,8 +29,8 @@ def centre_of_mass(img):
 
 
 def test_augment_varies_digits_mildly_and_keeps_them_digits(tiny_mnist):
-    images, labels = common.load_mnist(tiny_mnist, train=True)
-    x = common.normalize_images(images[:300], common.MNIST_MEAN, common.MNIST_STD)
+    images, labels = files.load_mnist(tiny_mnist, train=True)
+    x = standardised(images[:300], common.MNIST_MEAN, common.MNIST_STD)
     torch.manual_seed(0)
     out, out_labels = augmentation.augment(x, labels[:300], styles=True)
     assert out.shape == x.shape and out.dtype == x.dtype
@@ -208,41 +208,16 @@ def test_writing_styles_add_a_flag_and_foot_to_1s_a_bar_to_7s_a_tail_to_9s():
     assert 0.1 < changed < 0.26  # 3 of 5 labels can get a stroke: 0.6 * 0.3 = 0.18
 
 
-@pytest.mark.parametrize("loader", ["memory", "dataloader"])
 @pytest.mark.parametrize("dataset", ["mnist", "fashion-mnist"])
-def test_writing_styles_are_for_digits_only(tiny_mnist, dataset, loader, monkeypatch, request):
-    ## Fashion-MNIST's 1, 7 and 9 are trousers, sneakers and ankle boots: no flags on those.
-    calls = []
-    real = augmentation.add_writing_styles
-    monkeypatch.setattr(augmentation, "add_writing_styles",
-                        lambda images, labels: calls.append(len(labels)) or real(images, labels))
+def test_augment_touches_training_batches_only_and_draws_styles_on_digits_only(
+        tiny_mnist, tmp_path, dataset, monkeypatch, request):
+    ## Validation and test pictures are judged as they are. Fashion-MNIST's 1, 7 and 9 are
+    ## trousers, sneakers and ankle boots: no flags on those.
+    calls, real = [], augmentation.augment
+    monkeypatch.setattr(augmentation, "augment", lambda images, labels, styles=False: (
+        calls.append((len(labels), styles)) or real(images, labels, styles)))
     data = tiny_mnist if dataset == "mnist" else request.getfixturevalue("tiny_fashion")
-    args = mnist_train.build_parser().parse_args(
-        ["--data-dir", str(data), "--augment", "--dataset", dataset, "--loader", loader,
-         "--batch-size", "100"])
-    images, labels = common.load_mnist(tiny_mnist, train=True)
-    train = mnist_train.make_loader(args, images[:600], labels[:600], mean=0.1, std=0.3,
-                                    device=torch.device("cpu"), shuffle=True)
-    next(iter(train))
-    assert calls == ([100] if dataset == "mnist" else [])
-
-
-@pytest.mark.parametrize("loader", ["memory", "dataloader"])
-def test_augment_touches_training_batches_only(tiny_mnist, loader):
-    args = mnist_train.build_parser().parse_args(
-        ["--data-dir", str(tiny_mnist), "--augment", "--loader", loader, "--batch-size", "600"])
-    images, labels = common.load_mnist(tiny_mnist, train=True)
-    loader = partial(mnist_train.make_loader, args, mean=common.MNIST_MEAN, std=common.MNIST_STD,
-                     device=torch.device("cpu"))
-    train = loader(images[:600], labels[:600], shuffle=True)
-    val, test = loader(images[600:800], labels[600:800]), loader(images[:200], labels[:200])
-    plain = common.normalize_images(images, common.MNIST_MEAN, common.MNIST_STD)
-    val_x, _ = next(iter(val))
-    assert torch.allclose(val_x, plain[600:800], atol=1e-5)  # validation: exactly the images
-    test_x, _ = next(iter(test))
-    assert test_x.shape[0] == 200
-    train_x, train_y = next(iter(train))
-    ## training batches are the same images, shuffled, and augmented
-    assert torch.equal(train_y.sort().values, labels[:600].sort().values)
-    assert train_x.shape == (600, 1, 28, 28)
-    assert not any(torch.allclose(train_x[0], plain[i], atol=1e-3) for i in range(600))
+    assert mnist_train.main(["--data-dir", str(data), "--augment", "--dataset", dataset,
+                             "--val-size", "200", "--batch-size", "100", "--epochs", "2",
+                             "--save-path", str(tmp_path / "m.pt")]) == 0
+    assert calls == [(100, dataset == "mnist")] * 12  # 600 training pictures, twice

@@ -12,7 +12,7 @@ from helpers import digit_picture, posix_only
 from PIL import Image, ImageDraw, ImageFont
 
 from benchmarks.draw_samples import draw_digit
-from plumbing import digit_cleanup
+from plumbing import digit_cleanup, files
 
 
 def digit_of(gray):
@@ -344,9 +344,8 @@ def test_tight_crops_and_big_margins_give_the_same_digit():
 
 
 def test_an_mnist_image_stays_as_it_is(tiny_mnist):
-    import common
 
-    images, _ = common.load_mnist(tiny_mnist, train=False)
+    images, _ = files.load_mnist(tiny_mnist, train=False)
     passed_through = 0
     for image in images[:20]:
         x = image.float() / 255
@@ -574,13 +573,12 @@ def test_a_bold_digit_touching_the_edge_of_its_mask_is_no_dot():
 
 
 def test_no_mnist_style_digit_is_taken_for_a_speck(tiny_mnist, monkeypatch):
-    import common
 
     ## Through the whole clean-up, as a photo or a resized copy of them would go: MNIST's own
     ## 28x28 pictures skip it (already_mnist), which would leave nothing tested here.
     monkeypatch.setattr(digit_cleanup, "already_mnist", lambda gray: False)
 
-    images, _ = common.load_mnist(tiny_mnist, train=False)
+    images, _ = files.load_mnist(tiny_mnist, train=False)
     thinnest = images[(images > 127).sum((1, 2)).argsort()[:40]]  # the least ink first
     for image in thinnest:
         assert digit_cleanup.preprocess(image.float() / 255)[1] is None
@@ -593,12 +591,11 @@ def test_small_far_and_thin_digits_are_not_taken_for_specks(tiny_mnist, scenario
     ## The benchmark's own drawing code, on the tiny font digits instead of MNIST's.
     import random
 
-    import common
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import realistic_digits
 
-    images, _ = common.load_mnist(tiny_mnist, train=False)
+    images, _ = files.load_mnist(tiny_mnist, train=False)
     rng, g = random.Random(0), torch.Generator().manual_seed(0)
     for image in images[:10]:  # each digit once
         img, suffix = realistic_digits.render(image, scenario, rng, g)
@@ -608,12 +605,11 @@ def test_small_far_and_thin_digits_are_not_taken_for_specks(tiny_mnist, scenario
 
 
 def test_real_mnist_digits_are_not_taken_for_specks(monkeypatch):
-    import common
 
     root = os.environ.get("MNIST_DATA_DIR")
     if not (root and Path(root, "MNIST", "raw").is_dir()):
         pytest.skip("set MNIST_DATA_DIR to a folder containing MNIST/raw to check real digits")
-    images, _ = common.load_mnist(root, train=False)
+    images, _ = files.load_mnist(root, train=False)
     ## The thinnest of MNIST's own pictures are recognised as MNIST and skip the clean-up; a
     ## photo of them would not.
     monkeypatch.setattr(digit_cleanup, "already_mnist", lambda gray: False)  # the whole clean-up
@@ -630,7 +626,6 @@ def test_mnist_digits_drawn_as_pictures_come_back_with_their_own_ink(scenario, m
     ## The round trip of `benchmarks/realistic_digits.py roundtrip` on a few digits: drawn as a
     ## photo or in pencil, each keeping its own stroke width, and cleaned up, MNIST digits come
     ## back about as bold as they were (ink ratio) and with their own pixels (correlation).
-    import common
 
     root = os.environ.get("MNIST_DATA_DIR")
     if not (root and Path(root, "MNIST", "raw").is_dir()):
@@ -638,7 +633,7 @@ def test_mnist_digits_drawn_as_pictures_come_back_with_their_own_ink(scenario, m
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import realistic_digits
 
-    images, _ = common.load_mnist(root, train=False)
+    images, _ = files.load_mnist(root, train=False)
     picks = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:16]
     [(cleaned, _)] = realistic_digits.round_trip(images[picks], scenario, seed=0)
     originals = images[picks].float() / 255
@@ -649,12 +644,11 @@ def test_mnist_digits_drawn_as_pictures_come_back_with_their_own_ink(scenario, m
 def test_the_boldest_real_mnist_digits_are_not_taken_for_dots(monkeypatch):
     ## Through the whole clean-up, as a photo of them would go (MNIST's own 28x28 pictures skip
     ## it): the 100 with the most ink have the widest strokes for their size.
-    import common
 
     root = os.environ.get("MNIST_DATA_DIR")
     if not (root and Path(root, "MNIST", "raw").is_dir()):
         pytest.skip("set MNIST_DATA_DIR to a folder containing MNIST/raw to check real digits")
-    images, _ = common.load_mnist(root, train=False)
+    images, _ = files.load_mnist(root, train=False)
     boldest = images[(images > 127).sum((1, 2)).argsort(descending=True)[:100]]
     monkeypatch.setattr(digit_cleanup, "already_mnist", lambda gray: False)
     for image in boldest:

@@ -11,16 +11,16 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import pytest
 from helpers import press_ctrl_c, start
 from PIL import Image
 
-import common
 import predict
 from benchmarks.draw_samples import draw_digit
-from plumbing import digit_cleanup, digit_server
+from plumbing import digit_cleanup, digit_server, files
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -440,8 +440,9 @@ def test_a_picture_is_answered_while_60_uploads_and_60_requests_stall_and_after(
         trained_checkpoint):
     ## The deadlines are long here, so that every stalled client is sure to be still stalled
     ## when the picture's answer comes: what it needed must not be held by them.
-    model, checkpoint = common.load_model(trained_checkpoint)
-    with serving(predict.page_answer(model, checkpoint, "cpu"), header_seconds=600,
+    model, checkpoint = files.load_model(trained_checkpoint)
+    classify = partial(predict.read_and_classify, model=model, checkpoint=checkpoint, device="cpu")
+    with serving(digit_server.page_answer(classify), header_seconds=600,
                  body_seconds=600) as server:
         port = server.server_port
         uploads = [stalled(port, post_head(port, 100_000) + b"abc") for _ in range(60)]

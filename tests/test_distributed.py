@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import digit_picture, printed_confusion_matrix, read_csv
+from helpers import digit_picture, printed_confusion_matrix, read_csv, standardised
 
 import common
 import mnist_train
 import predict
+from plumbing import files
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -56,7 +57,7 @@ def test_only_rank_0_prints_and_its_checkpoint_loads_like_a_plain_one(two_proces
     assert out.count("confusion matrix") == 1
     assert printed_confusion_matrix(out).sum() == 200
     assert save_path.with_name("ddp_mistakes.png").exists()
-    state = common.load_checkpoint(save_path)["state_dict"]
+    state = files.read_checkpoint(save_path)["state_dict"]
     assert not any(key.startswith("module.") for key in state)
     digit_picture(4).save(tmp_path / "four.png")
     assert predict.main(["--checkpoint", str(save_path), str(tmp_path / "four.png")]) == 0
@@ -68,10 +69,10 @@ def test_only_rank_0_prints_and_its_checkpoint_loads_like_a_plain_one(two_proces
 def test_printed_metrics_are_those_of_the_whole_validation_set(two_process_run, tiny_mnist):
     ## 201 validation images: the two ranks hold 101 and 100 of them.
     _, save_path, _ = two_process_run
-    model, checkpoint = common.load_model(save_path)
-    images, labels = common.load_mnist(tiny_mnist, train=True)
+    model, checkpoint = files.load_model(save_path)
+    images, labels = files.load_mnist(tiny_mnist, train=True)
     val_idx = torch.randperm(len(labels), generator=torch.Generator().manual_seed(42))[:201]
-    x = common.normalize_images(images[val_idx], checkpoint["mean"], checkpoint["std"])
+    x = standardised(images[val_idx], checkpoint["mean"], checkpoint["std"])
     loss, acc = common.evaluate(model, [(x, labels[val_idx])], torch.nn.CrossEntropyLoss(), "cpu")
     rows = read_csv(save_path.with_suffix(".csv"))
     best = rows[checkpoint["epoch"] - 1]
@@ -102,7 +103,7 @@ def test_two_processes_with_batch_b_match_one_process_with_batch_2b(two_process_
 def test_leaving_the_process_group_stops_gloos_threads(two_process_run):
     ## A thread of gloo still running while Python shuts down can abort a finished run at exit.
     ## Creating the optimizer imports torch.distributed.nn after the group exists; without the
-    ## early import in safeguards.init_distributed, that module would keep the group, and its
+    ## early import in platforms.join_torchrun, that module would keep the group, and its
     ## threads, alive after leave_distributed().
     threads = re.findall(r"threads at exit: \[[^]]*\]", two_process_run[2])
     assert len(threads) == 2 and not any("gloo" in line for line in threads), threads

@@ -10,7 +10,7 @@ from helpers import digit_picture, posix_only
 from PIL import Image
 
 import predict
-from plumbing import digit_cleanup
+from plumbing import digit_cleanup, files
 
 
 def results(out, checkpoint):
@@ -42,7 +42,7 @@ def test_a_checkpoint_of_an_earlier_version_with_its_training_state_inside_still
     ## Until this version, the file predict.py loads also held the state for --resume.
     import common
 
-    checkpoint = common.load_checkpoint(trained_checkpoint)
+    checkpoint = files.read_checkpoint(trained_checkpoint)
     weights = checkpoint["state_dict"]
     optimizer = torch.optim.Adam(common.build_model("mlp").parameters()).state_dict()
     checkpoint["training"] = {"epoch": 25, "history": [[25, 0.1, 0.2, 0.9, 0.5, 1]],
@@ -333,10 +333,10 @@ def test_a_name_with_a_newline_or_an_escape_code_prints_as_one_line_of_escapes(
 
 def test_a_cnn_is_described_by_name_and_a_missing_given_checkpoint_says_how_to_make_it(
         tmp_path, capsys):
-    assert predict.describe({"model_name": "cnn", "epoch": 4, "val_accuracy": 0.99}) == \
+    assert files.describe({"model_name": "cnn", "epoch": 4, "val_accuracy": 0.99}) == \
         "cnn, epoch 4, val acc 0.9900"
     ## A checkpoint made by hand may give no number: the line says "?" instead of failing.
-    assert predict.describe({"model_name": "cnn", "val_accuracy": "high"}) == \
+    assert files.describe({"model_name": "cnn", "val_accuracy": "high"}) == \
         "cnn, epoch ?, val acc ?"
     digit_picture(1).save(tmp_path / "one.png")
     assert predict.main(["--checkpoint", str(tmp_path / "mine.pt"), str(tmp_path / "one.png"),

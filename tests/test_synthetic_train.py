@@ -75,3 +75,19 @@ def test_bad_settings_are_usage_errors_before_any_work(monkeypatch, capsys, args
 def test_a_warmup_as_long_as_the_run_gets_a_note(monkeypatch, capsys):
     synthetic_train.main(["--epochs", "1", "--samples", "400"])  # --warmup-epochs 1: the default
     assert "note: the warmup takes all 1 epochs" in capsys.readouterr().out
+
+
+def test_dataloader_workers_start_under_spawn_as_on_windows_and_macos(monkeypatch, capsys):
+    ## Windows and macOS start DataLoader workers with "spawn": a new Python that gets the
+    ## Dataset by pickling, so it must be a class of a module, not a local object.
+    import torch.multiprocessing
+
+    start_method = torch.multiprocessing.get_start_method()
+    torch.multiprocessing.set_start_method("spawn", force=True)
+    try:
+        assert synthetic_train.main(["--epochs", "1", "--samples", "200", "--num-workers",
+                                     "1"]) == 0
+    finally:
+        torch.multiprocessing.set_start_method(start_method, force=True)
+    assert "val acc" in capsys.readouterr().out
+

@@ -1,5 +1,5 @@
-"""safeguards.py: how the scripts end (Ctrl-C, a closed or full output), their command lines,
-their output checks, and what they import."""
+"""plumbing/runs.py, command_line.py and files.py: how the scripts end (Ctrl-C, a closed or full
+output), their command lines, their output checks, and what they import."""
 
 import errno
 import gc
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import digit_picture
 
-from plumbing import safeguards
+from plumbing import command_line, files, platforms, runs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,7 +42,7 @@ def ended(main, monkeypatch, capsys, stdout=None) -> tuple[int, str]:
         monkeypatch.setattr(sys, "stdout", stdout)
     with pytest.raises(SystemExit) as exit_:
         try:
-            safeguards.run_script(main)
+            runs.run_script(main)
         finally:
             gc.unfreeze()  # run_script froze the test run's objects
     return exit_.value.code, capsys.readouterr().err
@@ -82,7 +82,7 @@ def test_a_closed_or_full_output_ends_a_script_with_code_1_and_no_traceback(
 def raised_again(err: OSError) -> bool:
     """Whether stopped() takes `err` for no failure of stdout, and raises it again."""
     with pytest.raises(OSError) as raised:
-        safeguards.stopped(err, "")
+        runs.stopped(err, "")
     return raised.value is err
 
 
@@ -98,7 +98,7 @@ def test_only_stdout_s_own_failures_are_taken_for_them(monkeypatch):
     assert raised_again(OSError(errno.ENOSPC, "No space left", "ck.pt"))
     assert raised_again(OSError(errno.EACCES, "Permission denied"))
     with pytest.raises(PermissionError):  # anything else is a bug: its traceback shows
-        safeguards.run_script(lambda: (_ for _ in ()).throw(PermissionError(13, "denied")))
+        runs.run_script(lambda: (_ for _ in ()).throw(PermissionError(13, "denied")))
     gc.unfreeze()
 
 
@@ -129,14 +129,15 @@ def test_a_really_closed_output_ends_the_scripts_without_a_traceback(trained_che
 ## process runs each script's real work in turn, and reports whether torchvision was imported;
 ## then it checks that what load_mnist read is what torchvision reads from the same files.
 WHOLE_RUNS = """
-import sys, torch, common, mnist_train, predict, synthetic_train
+import sys, torch, mnist_train, predict, synthetic_train
+from plumbing import files
 def torchvision():
     return any(m.startswith("torchvision") for m in sys.modules)
 print("mnist_train", mnist_train.main(["--data-dir", DATA, "--val-size", "200", "--epochs", "1",
                                        "--save-path", OUT + "/m.pt"]), torchvision())
 print("predict", predict.main(["--checkpoint", OUT + "/m.pt", OUT + "/three.png"]), torchvision())
 print("synthetic_train", synthetic_train.main(["--epochs", "1", "--samples", "256"]), torchvision())
-images, labels = common.load_mnist(DATA, train=False)
+images, labels = files.load_mnist(DATA, train=False)
 from torchvision import datasets
 theirs = datasets.MNIST(DATA, train=False, download=False)
 print("same", torch.equal(images, theirs.data), torch.equal(labels, theirs.targets))
@@ -162,7 +163,7 @@ def test_the_scripts_import_no_torchvision_and_read_mnist_as_it_does(tiny_mnist,
     (["foo"], ""),
 ])
 def test_an_unknown_flag_near_a_real_one_is_named(capsys, argv, hint):
-    parser = safeguards.ArgumentParser(prog="x")
+    parser = command_line.ArgumentParser(prog="x")
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--lr", type=float)
     with pytest.raises(SystemExit):
@@ -173,15 +174,15 @@ def test_an_unknown_flag_near_a_real_one_is_named(capsys, argv, hint):
 
 
 def test_output_checks_create_the_folder_and_name_what_is_wrong(tmp_path):
-    assert safeguards.check_output_file(tmp_path / "new" / "deeper" / "m.pt") is None
+    assert files.check_output_file(tmp_path / "new" / "deeper" / "m.pt") is None
     assert (tmp_path / "new" / "deeper").is_dir() and not os.listdir(tmp_path / "new" / "deeper")
     (tmp_path / "file").write_text("x")
-    assert safeguards.check_output_file(tmp_path / "file" / "m.pt") == \
+    assert files.check_output_file(tmp_path / "file" / "m.pt") == \
         f"{tmp_path / 'file'} exists and is not a folder"
-    assert safeguards.check_output_file(tmp_path) == "is a directory; give a file name inside it"
+    assert files.check_output_file(tmp_path) == "is a directory; give a file name inside it"
     if hasattr(os, "geteuid") and os.geteuid() != 0:  # only a non-root POSIX run can check this
         (tmp_path / "locked").mkdir(mode=0o500)
-        assert safeguards.check_output_dir(tmp_path / "locked") == \
+        assert files.check_output_dir(tmp_path / "locked") == \
             f"cannot write files in {tmp_path / 'locked'}: Permission denied"
 
 
@@ -192,23 +193,23 @@ def test_only_rank_0_is_the_main_process_even_before_torch_distributed_starts(mo
     ## before the processes join up, and it must come from one of them only.
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", rank)
-    assert safeguards.is_main_process() is main
+    assert platforms.is_main_process() is main
 
 
 def test_a_closed_output_as_an_earlier_run_s_files_are_kept_still_lets_them_be_put_back(
         tmp_path, monkeypatch):
     ## `| head -3` closes the pipe just as "an earlier run's files are kept" is said: the files
     ## are renamed by then, and the caller knows which, so that it can put them back.
-    files = safeguards.RunFiles.beside(tmp_path / "a.pt")
-    files.model.write_bytes(b"an earlier run's model")
-    files.csv.write_bytes(b"its metrics")
+    run = files.RunFiles.beside(tmp_path / "a.pt")
+    run.model.write_bytes(b"an earlier run's model")
+    run.csv.write_bytes(b"its metrics")
     moved = {}
     monkeypatch.setattr(sys, "stdout", Output(BrokenPipeError(errno.EPIPE, "Broken pipe")))
     with pytest.raises(BrokenPipeError):
-        safeguards.set_aside(files, moved)
-    assert set(moved) == {files.model, files.csv} and not files.model.exists()
+        files.set_aside(run, moved)
+    assert set(moved) == {run.model, run.csv} and not run.model.exists()
     assert [p.read_bytes() for p in moved.values()] == [b"an earlier run's model", b"its metrics"]
     for old, new in moved.items():
         os.replace(new, old)
-    assert files.model.read_bytes() == b"an earlier run's model"
+    assert run.model.read_bytes() == b"an earlier run's model"
     assert len(list(tmp_path.iterdir())) == 2
