@@ -31,7 +31,6 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 import common
 from plumbing import augmentation, command_line, files, platforms, reports, runs
-from plumbing.command_line import UsageError
 
 
 def train(args: argparse.Namespace, paths: files.RunFiles) -> None:
@@ -111,7 +110,7 @@ def train(args: argparse.Namespace, paths: files.RunFiles) -> None:
                                 "val_accuracy": val_acc, **about}, f)
             history.append([epoch, train_loss, val_loss, val_acc, seconds, best_epoch == epoch])
             if not args.dry_run:  # the state to go on from: one batch leaves nothing to go on
-                save_state(paths.last, state, history, args, about)
+                files.save_state(paths.last, state, history, about, runs.settings(args))
             reports.write_history(paths.csv, history, writer)  # last: the CSV follows the files
             print(f"epoch {epoch}/{args.epochs} | train loss {train_loss:.4f} | val loss "
                   f"{val_loss:.4f} | val acc {val_acc:.4f}{reports.rate(scheduler)} | "
@@ -177,16 +176,11 @@ def normalisation(dataset: str, images: torch.Tensor) -> tuple[float, float]:
 def choose_splits(args: argparse.Namespace, n_train: int,
                   n_test: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Indices of the training, validation and test pictures, after --subset and --dry-run."""
-    if args.val_size >= n_train:
-        raise UsageError(f"--val-size {args.val_size} leaves nothing to train on: the training "
-                         f"set has {n_train} images")
+    runs.check_sizes(args, n_train)  # --val-size and --subset: within the pictures there are
     ## The split depends on --seed alone: every run with it validates on the same pictures.
     order = torch.randperm(n_train, generator=torch.Generator().manual_seed(args.seed))
     train_idx, val_idx = order[args.val_size :], order[: args.val_size]
     test_idx = torch.arange(n_test)
-    if args.subset is not None and args.subset > len(train_idx):
-        raise UsageError(f"--subset {args.subset} is larger than the {len(train_idx)} training "
-                         "images left after the validation split")
     train_idx = train_idx[: args.subset]  # [:None] is all of them
     if args.dry_run:  # one batch of each (under torchrun: at most one in each process)
         train_idx = train_idx[: args.batch_size]
@@ -271,21 +265,10 @@ def weight_average(model: nn.Module, optimizer: torch.optim.Optimizer,
     return ema
 
 
-## --resume: after every epoch, the last model and the state_dict() of everything else that
-## training changes are saved beside the best model; a resumed run loads each one back.
-def save_state(path, state: dict, history: list, args: argparse.Namespace, about: dict) -> None:
-    """Save what --resume needs to go on after this epoch, as if never stopped."""
-    training = {name: thing.state_dict() for name, thing in state.items() if thing is not None}
-    epoch, val_acc = history[-1][0], history[-1][3]
-    with files.written_whole(path) as f:  # predict.py can load this file too
-        torch.save({"state_dict": training.pop("model"), "epoch": epoch, "val_accuracy": val_acc,
-                    **about, "training": {**training, "epoch": epoch, "history": history,
-                                          "rng": torch.get_rng_state(),
-                                          "settings": runs.settings(args)}}, f)
-
-
+## --resume: after every epoch, files.save_state() saves the last model and the state_dict() of
+## everything else that training changes, beside the best model; resume() loads each one back.
 def resume(path, state: dict) -> tuple[int, int, float, list]:
-    """Load save_state()'s file back into `state`'s objects; return the epoch to go on with,
+    """Load files.save_state()'s file back into `state`'s objects; return the epoch to go on with,
     the best epoch so far and its accuracy, and the history of epochs."""
     checkpoint = files.read_checkpoint(path)  # main() checked it, and its settings, before
     training = {**checkpoint["training"], "model": checkpoint["state_dict"]}  # any work
@@ -302,8 +285,7 @@ def resume(path, state: dict) -> tuple[int, int, float, list]:
     return training["epoch"] + 1, best[0], best[3], training["history"]  # accuracy: saved
 
 
-# ---------------------------------------------------------------------------------------------
-# The settings, and main().
+# The settings, and main() ----------------------------------------------------------------------
 
 def build_parser() -> command_line.ArgumentParser:
     parser = command_line.ArgumentParser(description=__doc__.split("\n")[0])
@@ -355,10 +337,8 @@ def build_parser() -> command_line.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Read the command line, and train. Around the lesson, runs.Run checks the settings and the
-    files before any work (and keeps an earlier run's), holds the save path so that no other run
-    writes there at the same time, and ends a run that goes wrong with one line that says what
-    is on disk and how to go on."""
+    """Read the command line, and train. runs.Run does the rest: checks before any work, the
+    save path held, earlier runs kept, and one line that says what is on disk if a run fails."""
     parser = build_parser()
     args = parser.parse_args(argv)
     with runs.Run(args, parser, argv) as run:

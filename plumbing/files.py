@@ -389,6 +389,18 @@ def set_aside(files: RunFiles, moved: dict[Path, Path]) -> None:
           + (f", with its {', '.join(extras)}" if extras else ""))
 
 
+def save_state(path: Path, state: dict, history: list, about: dict, settings: list) -> None:
+    """Save what --resume needs to go on after the last epoch of `history`, as if never stopped:
+    the model ("state_dict", as in any checkpoint, with `about`), and in "training" the
+    state_dict() of `state`'s other objects, the random numbers and the run's `settings`."""
+    training = {name: thing.state_dict() for name, thing in state.items() if thing is not None}
+    epoch, val_acc = history[-1][0], history[-1][3]
+    with written_whole(path) as f:  # predict.py can load this file too
+        torch.save({"state_dict": training.pop("model"), "epoch": epoch, "val_accuracy": val_acc,
+                    **about, "training": {**training, "epoch": epoch, "history": history,
+                                          "rng": torch.get_rng_state(), "settings": settings}}, f)
+
+
 # the hold on a save path ---------------------------------------------------------------------
 ## Two runs that wrote to one path at once would replace each other's model without a word. So a
 ## run holds its path while it trains: it locks a hidden file beside the model, which says who

@@ -205,6 +205,16 @@ def check_resume(args: argparse.Namespace, parser: argparse.ArgumentParser,
         print(f"resuming {run.model}: epochs {done + 1} to {args.epochs}")
 
 
+def check_sizes(args: argparse.Namespace, n_train: int) -> None:
+    """Refuse a --val-size or --subset larger than the `n_train` training pictures allow."""
+    if args.val_size >= n_train:
+        raise UsageError(f"--val-size {args.val_size} leaves nothing to train on: the training "
+                         f"set has {n_train} images")
+    if args.subset is not None and args.subset > n_train - args.val_size:
+        raise UsageError(f"--subset {args.subset} is larger than the {n_train - args.val_size} "
+                         "training images left after the validation split")
+
+
 def model_sizes(args: argparse.Namespace) -> dict:
     """--hidden and --channels as common.build_model() takes them ({}: the model's defaults)."""
     hidden = args.hidden if args.model == "mlp" or args.hidden is None else args.hidden[0]

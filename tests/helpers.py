@@ -5,7 +5,9 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,3 +80,59 @@ def save_checkpoint(path, model, **about) -> None:
 def standardised(images, mean, std):
     """uint8 pictures [N, 28, 28] as mnist_train.py standardises them: float32 [N, 1, 28, 28]."""
     return images.unsqueeze(1).float().div(255).sub(mean).div(std)
+
+
+## A run of mnist_train.py that holds its save path until the test lets it go on: its first
+## epoch waits for the file `go`, after saying so with the file `started`. With `windows`, it
+## locks files as Windows does (msvcrt's byte ranges, emulated with POSIX lockf), as if Python
+## had no fcntl.
+WAITING_RUN = """
+import os, runpy, subprocess, sys, time, types
+from pathlib import Path
+started, go, windows = Path(sys.argv.pop(1)), Path(sys.argv.pop(1)), sys.argv.pop(1) == "1"
+if windows:
+    import fcntl
+    msvcrt = types.ModuleType("msvcrt")
+    msvcrt.LK_NBLCK, msvcrt.LK_UNLCK = 2, 0
+    def locking(fd, mode, nbytes):  # from the file's position, as Windows' _locking
+        start = os.lseek(fd, 0, os.SEEK_CUR)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_UN if mode == msvcrt.LK_UNLCK else
+                        fcntl.LOCK_EX | fcntl.LOCK_NB, nbytes, start)
+        except BlockingIOError:
+            raise PermissionError(13, "Permission denied") from None
+    msvcrt.locking = locking
+    sys.modules["msvcrt"], sys.modules["fcntl"] = msvcrt, None  # import fcntl: ImportError
+sys.path.insert(0, os.getcwd())
+import common
+real = common.train_one_epoch
+def waiting(*args, **kwargs):
+    started.touch()
+    while not go.exists():
+        time.sleep(0.02)
+    return real(*args, **kwargs)
+common.train_one_epoch = waiting
+sys.argv[0] = "mnist_train.py"
+runpy.run_path("mnist_train.py", run_name="__main__")
+"""
+
+
+def start_waiting_run(folder, argv, windows=False, torchrun=0, expect_start=True):
+    """Start WAITING_RUN with mnist_train.py's `argv` (under torchrun with that many processes)
+    and wait for its first epoch, if `expect_start`: (the process, its `started` file, its `go`
+    file). Its output is in folder/out.txt."""
+    repo = Path(__file__).resolve().parent.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    script, started, go = folder / "waiting_run.py", folder / "started", folder / "go"
+    script.write_text(WAITING_RUN)
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 f"--nproc_per_node={torchrun}"] if torchrun else [sys.executable])
+    out = open(folder / "out.txt", "w")
+    proc = subprocess.Popen([*launcher, str(script), str(started), str(go), str(int(windows)),
+                             *argv], cwd=repo, stdout=out, stderr=subprocess.STDOUT, text=True)
+    give_up = time.monotonic() + 120
+    while expect_start and not started.exists():
+        assert proc.poll() is None, (folder / "out.txt").read_text()[-3000:]
+        assert time.monotonic() < give_up, "the waiting run never started its first epoch"
+        time.sleep(0.05)
+    return proc, started, go

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import digit_picture, printed_confusion_matrix, read_csv, standardised
+from helpers import (
+    digit_picture,
+    printed_confusion_matrix,
+    read_csv,
+    standardised,
+    start_waiting_run,
+)
 
 import common
 import mnist_train
@@ -107,3 +113,20 @@ def test_leaving_the_process_group_stops_gloos_threads(two_process_run):
     ## threads, alive after leave_distributed().
     threads = re.findall(r"threads at exit: \[[^]]*\]", two_process_run[2])
     assert len(threads) == 2 and not any("gloo" in line for line in threads), threads
+
+
+def test_torchruns_processes_hold_the_save_path_as_one_run(tiny_mnist, tmp_path, capsys):
+    ## Its processes do not block each other, and a plain run on the same path is refused.
+    save_path = tmp_path / "ddp.pt"
+    argv = ["--data-dir", str(tiny_mnist), "--val-size", "200", "--subset", "200",
+            "--batch-size", "20", "--epochs", "1", "--save-path", str(save_path)]
+    proc, _, go = start_waiting_run(tmp_path / "torchrun", argv, torchrun=2)
+    try:
+        assert mnist_train.main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {save_path} is in use by another run (pid ")
+        assert ": torchrun --nproc_per_node=2 mnist_train.py --data-dir" in err
+    finally:
+        go.touch()
+    assert proc.wait(timeout=300) == 0, (tmp_path / "torchrun" / "out.txt").read_text()[-3000:]
+    assert files.load_model(save_path) and not (tmp_path / ".ddp.pt.lock").exists()

@@ -391,3 +391,23 @@ def test_a_damaged_gz_file_is_named_as_the_likely_cause(tmp_path, no_network):
         files.download_mnist(tmp_path, "MNIST")
 
 
+
+
+# the hold on a save path -------------------------------------------------------------------------
+def test_a_hold_taken_as_the_run_before_lets_go_is_taken_on_the_file_that_stays(tmp_path,
+                                                                             monkeypatch):
+    ## The run before deletes its lock file as it ends. A run that opened that file just before
+    ## must not hold the deleted one: a third run would create a new file, and hold it too.
+    real_lock, calls = files.lock, []
+
+    def lock_as_the_run_before_ends(file):
+        calls.append(file.name)
+        if len(calls) == 1:
+            os.unlink(file.name)  # the run before, letting go
+        return real_lock(file)
+
+    monkeypatch.setattr(files, "lock", lock_as_the_run_before_ends)
+    held = files.hold(tmp_path / "m.pt", "this run")
+    assert len(calls) == 2 and (tmp_path / ".m.pt.lock").read_text() == "this run"
+    files.release(held)
+    assert list(tmp_path.iterdir()) == []  # released: nothing left behind

@@ -21,6 +21,7 @@ from helpers import (
     save_checkpoint,
     standardised,
     start,
+    start_waiting_run,
 )
 from PIL import Image
 
@@ -1145,3 +1146,77 @@ def test_the_in_memory_loader_shares_out_like_distributed_sampler(n, world, monk
         shards.append(shard)
     assert {len(s) for s in shards} == {-(-n // world)}
     assert set(torch.cat(shards).tolist()) == set(range(n))
+
+
+# two runs on one save path ----------------------------------------------------------------------
+def common_argv(data, save_path, *flags):
+    return ["--data-dir", str(data), "--save-path", str(save_path), "--val-size", "200",
+            "--epochs", "1", *flags]
+
+
+@pytest.mark.parametrize("windows", [False, True])
+def test_a_second_run_on_a_held_path_is_refused_in_one_line_and_the_first_saves(
+        tiny_mnist, tmp_path, capsys, windows):
+    ## The first run holds checkpoints' path while it trains, here until the test lets it go on.
+    ## With `windows`, both lock as Windows does (msvcrt), the second in a process of its own.
+    save_path = tmp_path / "runs" / "m.pt"
+    first, _, go = start_waiting_run(tmp_path, common_argv(tiny_mnist, save_path), windows)
+    try:
+        if windows:
+            second, _, _ = start_waiting_run(tmp_path / "second", common_argv(
+                tiny_mnist, save_path), windows=True, expect_start=False)
+            assert second.wait(timeout=300) == 1
+            err = (tmp_path / "second" / "out.txt").read_text()
+        else:
+            assert mnist_train.main(common_argv(tiny_mnist, save_path)) == 1
+            err = capsys.readouterr().err
+        assert err.splitlines()[-1:] == [err.strip()]  # one line
+        assert err.startswith(f"error: {save_path} is in use by another run (pid {first.pid} "
+                              "since ") and f"--save-path {save_path}" in err
+        assert err.strip().endswith("wait until it ends, or give this run a --save-path of its "
+                                    "own.")
+        assert not save_path.exists()  # nothing written, nothing set aside
+        ## a dry run is never held up: its files are its own
+        assert mnist_train.main(common_argv(tiny_mnist, save_path, "--dry-run")) == 0
+        assert (save_path.parent / "dry_run_m.pt").exists()
+    finally:
+        go.touch()
+    assert first.wait(timeout=300) == 0, (tmp_path / "out.txt").read_text()[-3000:]
+    out = (tmp_path / "out.txt").read_text()
+    assert f"saved to {save_path}" in out and files.load_model(save_path)
+    assert sorted(p.name for p in save_path.parent.iterdir() if p.name.startswith(".")) == []
+
+
+def test_two_runs_started_together_lose_no_model_they_said_they_saved(tiny_mnist, tmp_path):
+    ## Two terminals, two settings, one save path, started at the same moment: either the second
+    ## is refused before it trains, or it starts after the first ended and keeps its files.
+    save_path = tmp_path / "m.pt"
+    procs = [subprocess.Popen([sys.executable, "mnist_train.py", *common_argv(
+        tiny_mnist, save_path, "--seed", str(seed))], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+    results = [(proc.wait(timeout=300), *proc.communicate()) for proc in procs]
+    codes = sorted(code for code, _, _ in results)
+    assert codes in ([0, 0], [0, 1]), results
+    for code, out, err in results:
+        if code == 1:  # refused before it trained: one line, and no epoch
+            assert len(err.strip().splitlines()) == 1 and "is in use by another run" in err
+            assert "epoch 1/1" not in out
+    ## every model a run said it saved is on disk: the last one's where it said, an earlier
+    ## one's renamed beside it
+    models = [p for p in tmp_path.glob("m*.pt") if not p.stem.endswith("_last")]
+    assert len(models) == codes.count(0) and all(files.load_model(p) for p in models)
+
+
+@posix_only
+def test_a_run_killed_with_sigkill_leaves_nothing_that_blocks_the_next(tiny_mnist, tmp_path,
+                                                                      capsys):
+    save_path = tmp_path / "m.pt"
+    first, _, _ = start_waiting_run(tmp_path, common_argv(tiny_mnist, save_path))
+    first.kill()  # SIGKILL: no handler, no finally; as a power cut, the OS frees its locks
+    first.wait(timeout=60)
+    assert (tmp_path / ".m.pt.lock").exists()  # the description it left
+    assert mnist_train.main(common_argv(tiny_mnist, save_path)) == 0
+    out = capsys.readouterr().out
+    assert (f"note: {save_path} was held by a run that was stopped without ending (pid "
+            f"{first.pid} since ") in out and out.count("note:") == 1
+    assert files.load_model(save_path) and not (tmp_path / ".m.pt.lock").exists()
