@@ -187,8 +187,18 @@ def test_without_a_scaler_the_loop_trains_exactly_as_the_plain_five_steps():
     optimizer, plain_optimizer = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, plain))
     steps = []
     optimizer.register_step_post_hook(lambda opt, args, kwargs: steps.append(1))
-    common.train_one_epoch(model, DataLoader(TensorDataset(x, y), batch_size=16),
-                           nn.CrossEntropyLoss(), optimizer, "cpu", log=None)
+    scalers = []
+
+    class Recorded(torch.amp.GradScaler):  # an enabled one would give the same weights too
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            scalers.append(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.amp, "GradScaler", Recorded)
+        common.train_one_epoch(model, DataLoader(TensorDataset(x, y), batch_size=16),
+                               nn.CrossEntropyLoss(), optimizer, "cpu", log=None)
+    assert len(scalers) == 1 and not scalers[0].is_enabled()  # float32: no scaling at all
     for start in range(0, 64, 16):
         plain_optimizer.zero_grad()
         nn.CrossEntropyLoss()(plain(x[start : start + 16]), y[start : start + 16]).backward()

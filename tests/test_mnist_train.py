@@ -3,6 +3,7 @@
 import argparse
 import math
 import os
+import random
 import shlex
 import signal
 import subprocess
@@ -160,6 +161,7 @@ def dead_unit_after_adam(steps: int = 1000) -> tuple[torch.Tensor, torch.Tensor]
 def test_training_flushes_denormals_and_they_change_no_weight(tiny_mnist):
     if not torch.set_flush_denormal(True):  # False: this CPU has no such mode (x86 and Arm do)
         pytest.skip("this CPU cannot flush denormals")
+    states = torch.get_rng_state(), random.getstate(), torch.get_float32_matmul_precision()
     try:
         torch.set_flush_denormal(False)  # an earlier test's main() may have set it
         ## Made after flushing is off: with it on, torch.tensor([1e-39]) itself would be 0.
@@ -172,8 +174,11 @@ def test_training_flushes_denormals_and_they_change_no_weight(tiny_mnist):
         assert (denormal * 1.0).item() == 0
         weight, average = dead_unit_after_adam()
         assert average.count_nonzero() == 0 and torch.equal(weight, kept_weight)
-    finally:
+    finally:  # setup() seeds and sets how the maths run: as they were for the next tests
         torch.set_flush_denormal(False)
+        torch.set_rng_state(states[0])
+        random.setstate(states[1])
+        torch.set_float32_matmul_precision(states[2])
 
 
 def test_a_small_subset_can_be_overfitted(tiny_mnist, tmp_path):
@@ -684,6 +689,14 @@ def test_a_state_saved_before_a_setting_existed_resumes_with_its_default(tiny_mn
     assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--resume") == 0
     settings = torch.load(last(tmp_path / "a.pt"), weights_only=True)["training"]["settings"]
     assert settings[settings.index("--schedule") + 1] == "constant"
+
+
+def test_a_state_saved_with_the_loader_flag_that_went_still_resumes(tiny_mnist, tmp_path):
+    ## Every _last.pt saved before this version records `--loader memory`.
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "1") == 0
+    edited(tmp_path / "a.pt", lambda state: state["settings"].extend(["--loader", "memory"]))
+    assert train(tiny_mnist, tmp_path / "a.pt", "--epochs", "2", "--resume") == 0
+    assert [r["epoch"] for r in read_csv(tmp_path / "a.csv")] == ["1", "2"]
 
 
 def test_ctrl_c_in_a_resumed_run_names_its_best_model_and_how_to_go_on(tiny_mnist, tmp_path,

@@ -405,3 +405,32 @@ def test_a_fifo_a_socket_or_a_device_is_one_line_and_the_batch_goes_on(trained_c
                                                                   "/dev/zero")]
     assert [line.split(": ")[0] for line in results(proc.stdout.decode(), trained_checkpoint)
             ] == ["/dev/stdin", f"/dev/fd/{given}", "good.png"]
+
+
+def test_rung_1s_state_dict_classifies_and_another_models_is_one_line(trained_checkpoint,
+                                                                      tmp_path, capsys):
+    ## mnist_minimal.py saves torch.save(model.state_dict(), "mnist_minimal.pt"): its MLP's
+    ## names and shapes are those of common.MLP, and it was trained with MNIST's mean and std.
+    import mnist_minimal
+
+    trained = torch.load(trained_checkpoint, weights_only=True)["state_dict"]
+    rung_1 = mnist_minimal.MLP()
+    rung_1.load_state_dict(trained)  # the same names and shapes
+    torch.save(rung_1.state_dict(), tmp_path / "mnist_minimal.pt")
+    digit_picture(3).save(tmp_path / "three.png")
+    assert predict.main(["--checkpoint", str(tmp_path / "mnist_minimal.pt"),
+                         str(tmp_path / "three.png")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"{tmp_path / 'mnist_minimal.pt'}: mlp 784-128-64-10, a state_dict "
+                        "alone: read with MNIST's mean and std")
+    assert lines[1].startswith(f"{tmp_path / 'three.png'}: 3 (")
+    ## pytorch/examples' CNN: the names of this repo's CNN, other shapes
+    torch.save({"conv1.weight": torch.zeros(32, 1, 3, 3), "conv2.weight": torch.zeros(64, 32, 3, 3),
+                "fc1.weight": torch.zeros(128, 9216), "fc2.weight": torch.zeros(10, 128)},
+               tmp_path / "examples.pt")
+    assert predict.main(["--checkpoint", str(tmp_path / "examples.pt"),
+                         str(tmp_path / "three.png")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert "it rebuilds common.py's MLP (fc1, fc2, ... from 28 x 28 = 784 inputs) and CNN" in err
+

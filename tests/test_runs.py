@@ -209,7 +209,19 @@ def test_a_closed_output_as_an_earlier_run_s_files_are_kept_still_lets_them_be_p
         files.set_aside(run, moved)
     assert set(moved) == {run.model, run.csv} and not run.model.exists()
     assert [p.read_bytes() for p in moved.values()] == [b"an earlier run's model", b"its metrics"]
-    for old, new in moved.items():
-        os.replace(new, old)
+
+
+def test_a_run_stopped_as_it_sets_an_earlier_run_aside_puts_its_files_back(tmp_path,
+                                                                          monkeypatch, capsys):
+    ## mnist_train.py ... | head -0: the first line it says fails, after the renames.
+    import mnist_train
+
+    run = files.RunFiles.beside(tmp_path / "a.pt")
+    run.model.write_bytes(b"an earlier run's model")
+    run.csv.write_bytes(b"its metrics")
+    monkeypatch.setattr(sys, "stdout", Output(BrokenPipeError(errno.EPIPE, "Broken pipe")))
+    assert mnist_train.main(["--data-dir", str(tmp_path / "data"), "--save-path",
+                             str(run.model)]) == 1
+    assert "This run saved nothing: " in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "a.pt"]  # back, and no lock
     assert run.model.read_bytes() == b"an earlier run's model"
-    assert len(list(tmp_path.iterdir())) == 2
