@@ -13,15 +13,16 @@ What you should see (the MLP, in seconds; the README says how to read each line)
     Test Accuracy: 0.9748 (9748/10000)      # 0.9730 to 0.9748, by CPU and thread count
 
 This is mnist_minimal.py grown (read it first): train() is its main(), 1. data -> 2. model ->
-3. loss -> 4. optimizer -> 5. loop -> 6. final test, plus what a real run adds, where it happens
-(the README's ladder names each); its train() and test() became common.train_one_epoch and
-common.evaluate. The details of each step follow train(); the settings and main() come last.
-What only keeps a run safe or convenient (checks, files written whole, Ctrl-C, the printed
-reports) is in plumbing/, called by names that say what they do: you need not open it.
+3. loss -> 4. optimizer -> 5. loop -> 6. final test, plus what a real run adds (the README's
+ladder names each); its train() and test() became common.train_one_epoch and common.evaluate.
+The details of each step follow train(), then the settings and main(). What only keeps a run
+safe or reports on it (checks, files written whole, Ctrl-C, the printed reports) is in
+plumbing/, called by names that say what they do: you need not open it.
 """
 
 import argparse
 import math
+import sys
 import time
 from functools import partial
 
@@ -30,7 +31,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 import common
-from plumbing import augmentation, command_line, files, platforms, reports, runs
+from plumbing import augmentation, files, reports, runs
 
 
 def train(args: argparse.Namespace, paths: files.RunFiles) -> None:
@@ -47,15 +48,18 @@ def train(args: argparse.Namespace, paths: files.RunFiles) -> None:
     ## learning rate suit. predict.py must do the same: the saved model file keeps the two.
     mean, std = normalisation(args.dataset, images)
     train_idx, val_idx, test_idx = choose_splits(args, len(labels), len(test_labels))
-    loader = partial(InMemoryLoader, mean=mean, std=std, device=device)
-    augment = partial(augmentation.augment, styles=args.dataset == "mnist")  # styles: digits
-    train_loader = loader(images[train_idx], labels[train_idx], args.batch_size, seed=args.seed,
-                          transform=augment if args.augment else None)  # shuffled: a seed
-    val_loader = loader(images[val_idx], labels[val_idx], args.test_batch_size)
-    test_loader = loader(test_images[test_idx], test_labels[test_idx], args.test_batch_size)
+    ## --augment: each training batch randomly warped (writing styles for digits only).
+    augment = partial(augmentation.augment, styles=args.dataset == "mnist")  # augment(x, y)
+    train_loader = InMemoryLoader(images[train_idx], labels[train_idx], args.batch_size, mean, std,
+                                  device, args.seed, augment if args.augment else None)
+    val_loader = InMemoryLoader(images[val_idx], labels[val_idx], args.test_batch_size, mean, std,
+                                device)  # no seed: in order
+    test_loader = InMemoryLoader(test_images[test_idx], test_labels[test_idx],
+                                 args.test_batch_size, mean, std, device)
 
     # 2. model ---------------------------------------------------------------------------------
-    model = common.build_model(args.model, **runs.model_sizes(args)).to(device)  # by --seed
+    sizes = runs.model_sizes(args)  # --hidden, --channels as keywords; {}: the model's own
+    model = common.build_model(args.model, **sizes).to(device)  # random weights, from --seed
 
     # 3. loss ----------------------------------------------------------------------------------
     ## The model ends in 10 raw scores ("logits"): CrossEntropyLoss takes their log-softmax
@@ -64,38 +68,38 @@ def train(args: argparse.Namespace, paths: files.RunFiles) -> None:
 
     # 4. optimizer -----------------------------------------------------------------------------
     optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr, device)
-    ## What a real run adds, one line each; the README's ladder says why.
     steps = args.epochs * len(train_loader)  # optimizer steps in the whole run
     scheduler = make_schedule(args.schedule, optimizer, steps)  # None: a constant rate
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # else no-op
     ema = weight_average(model, optimizer, steps) if args.ema else None  # --ema
     if master_process:  # what to look at first when training misbehaves
         reports.sanity_report(model, val_loader, criterion, device, (train_idx, val_idx, test_idx))
-    eval_model = model if ema is None else ema.module  # what is judged and saved
+    eval_model = model if ema is None else ema.module  # what is judged and saved: the model
     ## What training changes, each with its state_dict(): saved after every epoch for --resume.
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler,
-             "ema": eval_model if args.ema else None}
+             "ema": None if ema is None else ema.module}
     if args.compile:  # in place: training, and evaluation without --ema, run the compiled code
         model.compile()
-    ## torchrun: DDP wraps the model, and backward() averages every process's gradients.
-    trained = nn.parallel.DistributedDataParallel(model) if platforms.distributed() else model
+    ## torchrun: DistributedDataParallel (DDP) averages every process's gradients in backward().
+    trained = nn.parallel.DistributedDataParallel(model) if runs.distributed() else model
 
     # 5. training loop -------------------------------------------------------------------------
-    about = {"model_name": args.model, "mean": mean, "std": std, "sizes": runs.model_sizes(args),
+    about = {"model_name": args.model, "mean": mean, "std": std, "sizes": sizes,
              "classes": classes, "dataset": args.dataset}  # what predict.py needs beside weights
     start_epoch, best_epoch, best_acc, history = 1, 0, -1.0, []  # -1: any accuracy beats it
     if args.resume:  # go on after the last epoch saved, as if never stopped
         start_epoch, best_epoch, best_acc, history = resume(paths.last, state)
+    ## writer: a TensorBoard SummaryWriter with --tensorboard; None without.
     with reports.open_tensorboard(args.tensorboard if master_process else None) as writer:
         for epoch in range(start_epoch, args.epochs + 1):
             start = time.perf_counter()
-            train_loader.set_epoch(epoch)  # a new shuffle each epoch, from --seed + epoch
+            train_loader.epoch = epoch  # a new shuffle each epoch, from --seed + epoch
             train_loss = common.train_one_epoch(
                 trained, train_loader, criterion, optimizer, device, epoch=epoch, scaler=scaler,
                 log_interval=args.log_interval, amp_dtype=amp_dtype, clip_grad=args.clip_grad,
                 scheduler=scheduler, log=print if master_process else None)
-            if platforms.distributed():  # each process trained on its share: the epoch's loss
-                train_loss = platforms.mean_over_processes(train_loss, device)  # is their mean
+            ## torchrun: each process trained on its share; the epoch's loss is their mean.
+            train_loss = runs.mean_over_processes(train_loss, device)  # plain: as it is
             if not master_process:  # under torchrun the others only train; this one judges
                 continue
             val_loss, val_acc = common.evaluate(eval_model, val_loader, criterion, device,
@@ -111,27 +115,27 @@ def train(args: argparse.Namespace, paths: files.RunFiles) -> None:
             history.append([epoch, train_loss, val_loss, val_acc, seconds, best_epoch == epoch])
             if not args.dry_run:  # the state to go on from: one batch leaves nothing to go on
                 files.save_state(paths.last, state, history, about, runs.settings(args))
-            reports.write_history(paths.csv, history, writer)  # last: the CSV follows the files
+            reports.write_history(paths.csv, history, writer)  # written after the model files
             print(f"epoch {epoch}/{args.epochs} | train loss {train_loss:.4f} | val loss "
-                  f"{val_loss:.4f} | val acc {val_acc:.4f}{reports.rate(scheduler)} | "
+                  f"{val_loss:.4f} | val acc {val_acc:.4f}{reports.scheduled_rate(scheduler)} | "
                   f"{seconds:.1f} s" + (" | saved best" if best_epoch == epoch else ""))
 
     # 6. final test ----------------------------------------------------------------------------
     if not master_process:
         return
     ## The best model, reloaded from its file (proof that it loads), on pictures never seen.
-    best_model, _ = files.load_model(paths.model, device)
+    best_model, _ = files.load_model(paths.model, device)  # (and the file's other keys)
+    ## Each picture's guess (evaluate() only counts them), for the confusion matrix and mistakes.
     guesses, truth = reports.predict_all(best_model, test_loader, device, amp_dtype)
     correct = int((guesses == truth).sum())
     print(f"best epoch {best_epoch} (val acc {best_acc:.4f}) saved to {paths.model}; metrics in "
           f"{paths.csv}")
     print(f"Test Accuracy: {correct / len(truth):.4f} ({correct}/{len(truth)})")
     reports.after_test(args, paths.mistakes, classes, test_images[test_idx], guesses, truth,
-                       history, len(train_idx))
+                       history, len(train_idx))  # and a warning if it did not learn
 
 
-# ---------------------------------------------------------------------------------------------
-# The details of each step, in the order train() takes them.
+# The details of each step, in the order train() takes them ---------------------------------------
 
 ## --dataset: torchvision's folder (DATA_DIR/<folder>/raw/) and class names; nothing else changes.
 DATASETS = {
@@ -145,11 +149,11 @@ def setup(args: argparse.Namespace) -> tuple[torch.device, torch.dtype | None, b
     """Join torchrun's processes (if any), fetch the data, seed, set how the maths run. Returns
     (device, --amp's 16-bit dtype or None, master_process: the one that prints and saves)."""
     device = common.get_device(args.device)  # "auto": the accelerator if there is one
-    platforms.note_missing_gpu(device, args.device)  # an NVIDIA GPU this PyTorch cannot use?
+    runs.note_missing_gpu(device, args.device)  # an NVIDIA GPU this PyTorch cannot use?
     ## `torchrun --nproc_per_node=N mnist_train.py` starts N copies of this script, numbered
     ## ("ranked") 0 to N-1; each trains on its share of every epoch (docs/distributed.md), and
     ## process 0 alone judges, prints and saves. A plain `python mnist_train.py` is rank 0.
-    rank, device = platforms.join_torchrun(device)  # (0, device) without torchrun
+    rank, device = runs.join_torchrun(device)  # (0, device) without torchrun
     files.download_mnist(args.data_dir, DATASETS[args.dataset][0])  # if not there yet
     ## Seeds weight initialisation, dropout and --augment; the shuffles have their own
     ## generators, from --seed too. + rank: each process draws its own dropout and augmentation.
@@ -160,9 +164,9 @@ def setup(args: argparse.Namespace) -> tuple[torch.device, torch.dtype | None, b
     if device.type == "cuda":  # TF32: float32 matmuls on tensor cores, with a 10-bit mantissa
         torch.set_float32_matmul_precision("high")  # (Ampere and later): faster, close enough
     if args.deterministic:  # GPUs: the same numbers every run, a little slower
-        platforms.make_deterministic()
+        runs.make_deterministic()
     ## --amp: matmuls in 16 bits, the weights kept in float32: bfloat16, or float16 on old GPUs.
-    return device, platforms.amp_dtype(args.amp, device), rank == 0
+    return device, runs.amp_dtype(args.amp, device), rank == 0
 
 
 def normalisation(dataset: str, images: torch.Tensor) -> tuple[float, float]:
@@ -188,25 +192,22 @@ def choose_splits(args: argparse.Namespace, n_train: int,
     return train_idx, val_idx, test_idx
 
 
-## The in-memory loader. mnist_minimal.py's DataLoader turns each of 64 pictures into a tensor,
-## then stacks them, for every batch of every epoch: for a model this small, that costs more
-## than the training itself. MNIST fits in memory, so here every picture is converted once, on
-## the training device, and a batch is one indexing step.
+## The in-memory loader. mnist_minimal.py's DataLoader converts and stacks 64 pictures for every
+## batch of every epoch: for a model this small, that costs more than the training. MNIST fits
+## in memory, so each picture is converted once, on the training device; a batch is one index.
 class InMemoryLoader:
     """Batches of (standardised pictures, labels), used as a DataLoader is. With a seed: in a
-    new order every epoch (set_epoch(), as DistributedSampler's), else in order."""
+    new order every epoch (train() sets .epoch before each), else in order."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
-                 mean: float, std: float, device: torch.device, seed: int | None = None,
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, mean: float,
+                 std: float, device: torch.device, seed: int | None = None,
                  transform=None) -> None:
         ## What ToTensor and Normalize do, for all at once: uint8 [N, 28, 28] to standardised
-        ## float32 [N, 1, 28, 28]. The bytes travel first (4x less than float32).
+        ## float32 [N, 1, 28, 28]. The bytes travel first (4x less than float32); div_ and sub_
+        ## (with _) work in place, without a copy.
         self.inputs = images.to(device).unsqueeze(1).float().div_(255).sub_(mean).div_(std)
         self.targets, self.batch_size = labels.to(device), batch_size
         self.seed, self.transform, self.epoch = seed, transform, 0  # transform: --augment's
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def order(self) -> torch.Tensor:
         """This epoch's order: a permutation from seed + epoch, the same in every process."""
@@ -216,7 +217,7 @@ class InMemoryLoader:
                                generator=torch.Generator().manual_seed(self.seed + self.epoch))
         ## torchrun: process r takes every N-th index from the r-th, padded (as DistributedSampler
         ## pads) so that every process has as many batches: DDP waits for all at every step.
-        world, rank = platforms.world_and_rank()  # (1, 0) without torchrun
+        world, rank = runs.world_and_rank()  # (1, 0) without torchrun
         return order.repeat(world)[: math.ceil(len(order) / world) * world][rank::world]
 
     def __len__(self) -> int:  # batches per epoch, in this process
@@ -257,8 +258,7 @@ def weight_average(model: nn.Module, optimizer: torch.optim.Optimizer,
     """--ema: a copy of `model` (in .module) whose weights follow an average of its recent ones."""
     ## Late in training each step moves the weights a little around a good point, partly at
     ## random; an average of the recent weights sits nearer to it. This exponential moving
-    ## average spans about the last tenth of the run: each step, average += (1 - decay) x
-    ## (weights - average).
+    ## average (average += (1 - decay) x (weights - average)) spans the last tenth of the run.
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(max(0.0, 1 - 10 / total_steps)))
     ema.update_parameters(model)  # the first update copies the weights; the next ones average
     optimizer.register_step_post_hook(lambda *_: ema.update_parameters(model))  # after step()
@@ -268,18 +268,16 @@ def weight_average(model: nn.Module, optimizer: torch.optim.Optimizer,
 ## --resume: after every epoch, files.save_state() saves the last model and the state_dict() of
 ## everything else that training changes, beside the best model; resume() loads each one back.
 def resume(path, state: dict) -> tuple[int, int, float, list]:
-    """Load files.save_state()'s file back into `state`'s objects; return the epoch to go on with,
-    the best epoch so far and its accuracy, and the history of epochs."""
-    checkpoint = files.read_checkpoint(path)  # main() checked it, and its settings, before
-    training = {**checkpoint["training"], "model": checkpoint["state_dict"]}  # any work
+    """Load files.save_state()'s file back into `state`'s objects; return the epoch to go on
+    with, the best epoch so far and its accuracy, and the history of epochs."""
+    training = files.read_state(path)  # by name, the model's too; checked before any work
     with files.explain_misfit(path, "the model its settings describe",  # one line, if not
                               "start a new run without --resume"):
         for name, thing in state.items():
             if thing is not None:
                 thing.load_state_dict(training[name])
-    ## The CPU's random numbers (dropout, --augment), as if never stopped. Under torchrun only
-    ## process 0's were saved, and each process draws its own: they keep theirs.
-    if not platforms.distributed():
+    ## The CPU's random numbers (dropout, --augment) as they were; torchrun's keep their own.
+    if not runs.distributed():
         torch.set_rng_state(training["rng"])
     best = max(training["history"], key=lambda row: row[3])  # the first epoch at the best
     return training["epoch"] + 1, best[0], best[3], training["history"]  # accuracy: saved
@@ -287,9 +285,9 @@ def resume(path, state: dict) -> tuple[int, int, float, list]:
 
 # The settings, and main() ----------------------------------------------------------------------
 
-def build_parser() -> command_line.ArgumentParser:
-    parser = command_line.ArgumentParser(description=__doc__.split("\n")[0])
-    positive, add = command_line.positive, parser.add_argument
+def build_parser() -> runs.ArgumentParser:
+    parser = runs.ArgumentParser(description=__doc__.split("\n")[0])
+    positive, add = runs.positive, parser.add_argument
     # training
     add("--epochs", type=positive(int), default=5, help="passes over the data")
     add("--batch-size", type=positive(int), default=64, help="pictures per step; raise --lr too")
@@ -320,11 +318,11 @@ def build_parser() -> command_line.ArgumentParser:
     add("--amp", nargs="?", const="auto", choices=["auto", "bf16", "fp16"], help="mixed "
         "precision: --amp alone is bf16, or fp16 on GPUs without native bf16")
     add("--compile", action="store_true", help="torch.compile the model")
-    add("--seed", type=command_line.number_from(0, 2**32 - 1), default=42,
+    add("--seed", type=runs.number_from(0, 2**32 - 1), default=42,
         help="same seed, same run (bit for bit on one CPU and thread count; GPUs: --deterministic)")
     add("--deterministic", action="store_true", help="bit-identical runs on a GPU too (slower)")
     # output
-    add("--save-path", type=command_line.file_path, help="the best model (default: checkpoints/"
+    add("--save-path", type=runs.file_path, help="the best model (default: checkpoints/"
         "mnist_<model>.pt), with the state for --resume (_last.pt), the metrics (.csv) and the "
         "mistakes (_mistakes.png) beside it; an earlier run's files are renamed, not replaced; "
         "a dry run's are named dry_run_*")
@@ -342,9 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     with runs.Run(args, parser, argv) as run:
-        train(args, run.prepare())
+        train(args, run.prepare(runs.model_sizes(args)))  # a model too big is refused
     return run.code
 
 
 if __name__ == "__main__":
-    runs.run_script(main)
+    sys.exit(main())

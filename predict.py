@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 import common
-from plumbing import command_line, digit_cleanup, digit_server, files, runs
-from plumbing.command_line import ArgumentParser, say
+from plumbing import digit_cleanup, digit_server, files, runs
+from plumbing.runs import ArgumentParser, say
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,13 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         say(f"{path}: {files.describe(checkpoint, model)}")
     ## 2. Each picture, cleaned up and classified; one that fails is one line, and the next
     ## one goes on.
-    results, paths = [], command_line.expand_patterns(args.images)  # *.jpg: where no shell did
-    names = command_line.new_names(paths, args.save_input)  # never a picture's own name in DIR
+    results, paths = [], runs.expand_patterns(args.images)  # *.jpg: where no shell did
+    names = runs.new_names(paths, args.save_input)  # never a picture's own name in DIR
     for picture in paths:
         try:
             result, digit, probs = read_and_classify(picture, model, checkpoint, device)
         except Exception as err:
-            results.append({"path": str(picture), "error": command_line.failure(
+            results.append({"path": str(picture), "error": runs.failure(
                 err, digit_cleanup.ImageProblem, args.debug, f"{picture}: error: ")})
             continue
         if warning := result["warning"]:  # "no digit found ...": the guess means little
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"{picture}: " + ", ".join(f"{checkpoint['classes'][i]} ({p:.1%})"
                                            for p, i in zip(top.values, top.indices)))
         if args.save_input:  # what the model saw, as a 28 x 28 PNG
-            files.save_input(args.save_input / f"{names[picture]}.png", digit, results[-1])
+            runs.save_input(args.save_input / f"{names[picture]}.png", digit, results[-1])
     if args.json:
         print(json.dumps(results, indent=2))
     return 1 if any("error" in r or "save_input_error" in r for r in results) else 0
@@ -117,7 +117,7 @@ def build_parser() -> ArgumentParser:
     which("--checkpoint", type=Path, help="a model file saved by mnist_train.py or "
           "mnist_minimal.py (default: checkpoints/mnist_mlp.pt)")
     which("--model", choices=sorted(common.MODELS), help="use checkpoints/mnist_<model>.pt")
-    add("--top-k", type=command_line.number_from(1, 10), default=1,
+    add("--top-k", type=runs.number_from(1, 10), default=1,
         help="also show the next K-1 guesses (--json lists every class's probability)")
     add("--json", action="store_true", help="print a JSON list instead")
     add("--save-input", type=Path, metavar="DIR",
@@ -125,7 +125,7 @@ def build_parser() -> ArgumentParser:
     add("--device", default="cpu", help="cpu is plenty for a few pictures")
     add("--serve", action="store_true", help="serve a page to draw digits on, at http://HOST:PORT/")
     add("--host", default="127.0.0.1", help="with --serve: 0.0.0.0 shares it with your network")
-    add("--port", type=command_line.number_from(0, 65535), default=8000,
+    add("--port", type=runs.number_from(0, 65535), default=8000,
         help="with --serve (0: any free port)")
     add("--debug", action="store_true", help="show the traceback of an unexpected error")
     return parser

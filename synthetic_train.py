@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import common
 from plumbing import runs
-from plumbing.command_line import ArgumentParser, number_from, positive
+from plumbing.runs import ArgumentParser, number_from, positive
 
 
 # 1. data ------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ from bare_loop import floor_epoch
 import common
 import mnist_minimal
 import mnist_train
-from plumbing import command_line, files
+from plumbing import files, runs
 
 
 def timed(device, fn, *args, **kwargs):
@@ -103,7 +103,7 @@ def per_epoch(args, device):
         with contextlib.redirect_stdout(io.StringIO()):  # its loss lines
             times["a"].append(timed(device, mnist_minimal.train, model_a, train_a, criterion,
                                     opt_a, device, epoch))
-        train_b.set_epoch(epoch)  # as mnist_train.py does: a new order each epoch
+        train_b.epoch = epoch  # as mnist_train.py does: a new order each epoch
         times["b"].append(timed(device, common.train_one_epoch, model_b, train_b, criterion,
                                 opt_b, device, epoch=epoch, log=None))
         times["c"].append(timed(device, floor_epoch, model_c, x_c, y_c, criterion, opt_c, 64))
@@ -224,15 +224,15 @@ def main():
     parser.add_argument("--data-dir", default="./data")
     parser.add_argument("--model", choices=sorted(common.MODELS), default="mlp")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--epochs", type=command_line.positive(int), default=5,
+    parser.add_argument("--epochs", type=runs.positive(int), default=5,
                         help="epochs of each pipeline (or script, with --end-to-end); the median "
                              "of the epoch-by-epoch ratios (from epoch 2 on) is compared")
-    parser.add_argument("--chunk", type=command_line.positive(int), default=None, metavar="STEPS",
+    parser.add_argument("--chunk", type=runs.positive(int), default=None, metavar="STEPS",
                         help="time (b), (c) and (d) only, alternated every STEPS training steps "
                              "instead of every epoch, for --epochs epochs' worth of steps; the "
                              "first epoch's worth is warm-up")
     parser.add_argument("--end-to-end", action="store_true")
-    parser.add_argument("--rounds", type=command_line.positive(int), default=3,
+    parser.add_argument("--rounds", type=runs.positive(int), default=3,
                         help="--end-to-end: how many alternated rounds of runs (classic, "
                              "ours, the bare loop)")
     args = parser.parse_args()

@@ -50,7 +50,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 import predict
-from plumbing import command_line, digit_cleanup, files
+from plumbing import digit_cleanup, files, runs
 
 PICTURE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -191,7 +191,7 @@ def score(args) -> None:
                   f"{statistics.median(inks):.3f}", end="")
     print(f"\n\npictures with a warning: {len(warned)}")
     for line in warned:  # say(): a file name the terminal cannot show becomes an escape
-        command_line.say(f"  {line}", sys.stdout)
+        runs.say(f"  {line}", sys.stdout)
     print(speed_report(seconds))
     if args.compare_with:
         for name, _, _ in models:
@@ -199,7 +199,7 @@ def score(args) -> None:
     misses = [(r, name) for r in rows for name in readers if r["guesses"][name] != r["label"]]
     if args.errors:
         for r, name in misses:
-            command_line.say(f"{name}: {r['path'].name} ({r['kind']}) is {r['label']}, read as "
+            runs.say(f"{name}: {r['path'].name} ({r['kind']}) is {r['label']}, read as "
                         f"{r['guesses'][name]}", sys.stdout)
     if args.misses and misses:
         draw_misses(misses, Path(args.misses))
@@ -222,7 +222,7 @@ def source_by_source(rows: list[dict], mine: str, theirs: str) -> None:
         here = sum(r["guesses"][mine] == r["label"] for r in subset)
         there = sum(r["guesses"][theirs] == r["label"] for r in subset)
         nets.append(here - there)
-        command_line.say(f"| {source} | {len(subset)} | {here} | {there} | {here - there:+d} |",
+        runs.say(f"| {source} | {len(subset)} | {here} | {there} | {here - there:+d} |",
                    sys.stdout)
     print(f"sources: {sum(n > 0 for n in nets)} won, {sum(n < 0 for n in nets)} lost, "
           f"{sum(n == 0 for n in nets)} even")
@@ -231,7 +231,7 @@ def source_by_source(rows: list[dict], mine: str, theirs: str) -> None:
     won = sum(r["guesses"][mine] == r["label"] for r in flipped)
     print(f"pictures that flipped: {won} won, {len(flipped) - won} lost")
     for r in flipped:
-        command_line.say(f"  {'won ' if r['guesses'][mine] == r['label'] else 'lost'} "
+        runs.say(f"  {'won ' if r['guesses'][mine] == r['label'] else 'lost'} "
                    f"{r['path'].name} ({r['kind']}, {r['source'] or 'no source'}): "
                    f"{r['label']} read as {r['guesses'][mine]} here, {r['guesses'][theirs]} "
                    "there", sys.stdout)

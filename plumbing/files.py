@@ -16,11 +16,9 @@ from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 import torch
-from PIL import Image
 from torch import nn
 
 import common
-from plumbing.command_line import say
 
 try:  # how a process holds a file (see hold()): Linux and macOS lock it whole,
     import fcntl
@@ -209,19 +207,6 @@ def checkpoint_error(err: CheckpointError, path: Path, given: Path | None,
             f"mnist_train.py{how}")
 
 
-def save_input(path: Path, digit: torch.Tensor, result: dict) -> None:
-    """Save the 28 x 28 image the model saw as a PNG, whole; if that fails, say so in one line
-    and in `result` (predict.py's for the picture)."""
-    pixels = bytes((digit * 255).round().to(torch.uint8).flatten().tolist())
-    try:
-        with written_whole(path) as f:
-            Image.frombytes("L", (28, 28), pixels).save(f, format="PNG")
-    except OutputError as err:  # classified, but what it saw cannot be saved
-        problem = f"--save-input could not save what the model saw: {err}"
-        result["save_input_error"] = problem
-        say(f"{result['path']}: error: {problem}", sys.stderr)
-
-
 # MNIST's files -------------------------------------------------------------------------------
 class DataError(ValueError):
     """Training data that cannot be used: missing or damaged files, labels out of range."""
@@ -387,6 +372,12 @@ def set_aside(files: RunFiles, moved: dict[Path, Path]) -> None:
     extras = [p.name[len(stem):] for p, _ in rest]
     print(f"an earlier run's files are kept: {old} -> {new}"
           + (f", with its {', '.join(extras)}" if extras else ""))
+
+
+def read_state(path: Path) -> dict:
+    """save_state()'s training state, with the model's state_dict as "model"."""
+    checkpoint = read_checkpoint(path)
+    return {**checkpoint["training"], "model": checkpoint["state_dict"]}
 
 
 def save_state(path: Path, state: dict, history: list, about: dict, settings: list) -> None:

@@ -47,7 +47,7 @@ def open_tensorboard(log_dir: str | None):
     return SummaryWriter(log_dir)
 
 
-def rate(scheduler) -> str:
+def scheduled_rate(scheduler) -> str:
     """' | lr 1.00e-03' for the epoch line of a run with a learning-rate schedule, else ''."""
     return f" | lr {scheduler.optimizer.param_groups[0]['lr']:.2e}" if scheduler else ""
 

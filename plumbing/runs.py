@@ -1,27 +1,243 @@
-"""How a training run starts and ends, around the lesson: the checks before any work, the hold
-on its save path, an earlier run's files set aside, and, whatever stops the run, one line that
+"""How the scripts run: their command lines, the machine they run on (its devices, torchrun,
+its memory), and how a training run starts and ends: the checks before any work, the hold on
+its save path, an earlier run's files set aside, and, whatever stops the run, one line that
 says what is on disk and how to go on. run_script() ends the other scripts the same way."""
 
 import argparse
 import contextlib
+import difflib
 import errno
 import gc
+import glob
 import importlib.util
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+from PIL import Image
+
 import common
-from plumbing import files, platforms
-from plumbing.command_line import UsageError, as_words
+from plumbing import files
 from plumbing.files import RunFiles
 
+
+# command lines -------------------------------------------------------------------------------
+class UsageError(Exception):
+    """A command line that cannot work, found after parsing: reported as argparse's errors are."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser: real defaults in --help, no silent abbreviations, "did you mean ...?"."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(formatter_class=HelpFormatter, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        ## The unrecognized words up to "--" (after it, none is a flag)
+        words = message.split()[2:] if message.startswith("unrecognized arguments") else []
+        flags = [o for action in self._actions for o in action.option_strings]
+        for typed in [w.split("=")[0] for w in words[: (words + ["--"]).index("--")]]:
+            if typed.startswith("--") and (meant := [f for f in flags if f.startswith(typed)]
+                                           or difflib.get_close_matches(typed, flags, 1, 0.8)):
+                super().error(f"{message} (did you mean {' or '.join(meant)}?)")  # exits
+        super().error(message)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    def _get_help_string(self, action: argparse.Action) -> str | None:  # no "(default: None)"
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def positive(kind: type) -> Callable[[str], int | float]:
+    """argparse type: a positive, finite int or float, within PyTorch's sizes and float32."""
+    limit, shown = (2**31 - 1, "2147483647") if kind is int else (1e30, "1e30")  # float32: 3e38
+
+    def parse(text: str):
+        with contextlib.suppress(ValueError):
+            if 0 < (value := kind(text)) <= limit:  # nan and inf fail too
+                return value
+        raise argparse.ArgumentTypeError(f"expected a{' whole' * (kind is int)} number above 0 "
+                                         f"and at most {shown}, got {text!r}")
+    return parse
+
+
+def number_from(low: int, high: int) -> Callable[[str], int]:
+    """argparse type: a whole number from `low` to `high`."""
+    def parse(text: str) -> int:
+        if not (text.isascii() and text.isdigit() and low <= int(text) <= high):
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high}, "
+                                             f"got {text!r}")
+        return int(text)
+    return parse
+
+
+def file_path(text: str) -> Path:
+    """argparse type: a file's path, not a folder's, as typed (Path drops the / of "dir/")."""
+    if text.endswith(("/", os.sep)) or Path(text).name in ("", ".", ".."):
+        raise argparse.ArgumentTypeError(f"{text!r} names a folder, not a file: give a file's "
+                                         "name, such as checkpoints/model.pt")
+    return Path(text)
+
+
+def as_words(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    """Settings as command-line words: ['--lr', '0.001', '--augment', '--hidden', '128', '64']."""
+    words = []
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value is not False:
+            words += [f"--{name.replace('_', '-')}", *map(str, value if isinstance(value, list)
+                                                           else [] if value is True else [value])]
+    return words
+
+
+# the machine: torchrun, GPUs, compilers, memory ----------------------------------------------
+def join_torchrun(device: torch.device) -> tuple[int, torch.device]:
+    """Join the other processes that torchrun started; return (this one's rank, its device):
+    (0, device) in a plain run."""
+    if "RANK" not in os.environ:  # torchrun sets it in every process it starts
+        return 0, device
+    if device.type == "mps":
+        raise UsageError("torchrun cannot use Apple's GPU (mps), as gloo takes CPU tensors only: "
+                         "add --device cpu, or run without torchrun to use the GPU")
+    if device.type == "cuda":  # one GPU per process: local rank k uses GPU k
+        local_rank, count = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+        if local_rank >= count:
+            raise UsageError(f"local rank {local_rank} has no GPU: this machine has {count} "
+                             f"GPU(s); give torchrun --nproc_per_node={count}, or --device cpu")
+        torch.cuda.set_device(device := torch.device("cuda", local_rank))
+    if sys.platform == "win32":  # PyTorch there lacks libuv, which gloo wants (docs/distributed.md)
+        os.environ.setdefault("USE_LIBUV", "0")
+    ## Imported before the group exists: its functions take the group as a default argument.
+    ## Imported later (the optimizer does), they keep it alive, and its threads abort the exit.
+    import torch.distributed.nn as _  # noqa: F401
+
+    dist = torch.distributed
+    ## NCCL moves tensors from GPU to GPU (Windows has no NCCL); gloo works on CPU tensors.
+    nccl = device.type == "cuda" and sys.platform != "win32"
+    ## device_id: this rank's GPU, told once here, or each collective guesses it (and warns).
+    dist.init_process_group("nccl" if nccl else "gloo", device_id=device if nccl else None)
+    return dist.get_rank(), device
+
+
+def distributed() -> bool:
+    """Whether torchrun started this process among others, and join_torchrun() joined them."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def world_and_rank() -> tuple[int, int]:
+    """How many processes train together, and this one's number (its rank): (1, 0) without
+    torchrun."""
+    dist = torch.distributed
+    return (dist.get_world_size(), dist.get_rank()) if distributed() else (1, 0)
+
+
+def mean_over_processes(value: float, device: torch.device) -> float:
+    """The mean of `value` over torchrun's processes (they all call this together); in a plain
+    run, `value` itself."""
+    if not distributed():
+        return value
+    total = torch.tensor(value, dtype=torch.float64, device=device)  # NCCL: on the GPU
+    torch.distributed.all_reduce(total)  # every process's value, added up
+    return total.item() / torch.distributed.get_world_size()
+
+
+def is_main_process() -> bool:
+    """True in a plain run and on rank 0, also before the processes have joined."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def leave_distributed(wait: bool) -> None:
+    """Leave torchrun's process group; after the others (`wait`) when the run went well."""
+    if distributed():
+        if wait:  # a rank that leaves while another still works can bring the whole run down
+            torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def amp_dtype(choice: str | None, device: torch.device) -> torch.dtype | None:
+    """--amp as a dtype: bfloat16, which keeps float32's range and needs no GradScaler, where
+    the device computes it natively; float16 on older NVIDIA GPUs."""
+    if choice == "auto" and device.type == "cuda":  # NVIDIA: native from Ampere (8.0) on; AMD: 9+
+        ## Not torch.cuda.is_bf16_supported(): it says True where bfloat16 is only emulated
+        ## (T4, V100, RTX 20xx: slower than float32), and about the current GPU, not `device`.
+        choice = "bf16" if torch.cuda.get_device_capability(device) >= (8, 0) else "fp16"
+    if choice == "fp16" and device.type == "mps":  # float16 needs a GradScaler
+        raise UsageError("--amp fp16 on mps: float16 needs a GradScaler, which MPS does not "
+                         "support reliably; use --amp bf16 (macOS 14 or later)")
+    return {"auto": torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16,
+            None: None}[choice]  # "auto" left: a CPU, or Apple's or Intel's GPU
+
+
+def make_deterministic() -> None:
+    """--deterministic: forbid the GPU kernels whose sums vary from run to run."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first matmul
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+
+
+def compile_problem(device: torch.device) -> str | None:
+    """Why torch.compile (it writes C++ on the CPU, Triton on NVIDIA GPUs) cannot work, or None."""
+    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+        return "it needs Triton for NVIDIA GPUs, which is not installed (Windows wheels lack it)"
+    ## The compiler torch.compile calls: cl.exe on Windows, else CXX if set, else g++ or clang++
+    names = (["cl"] if sys.platform == "win32" else os.environ.get("CXX", "").split()[:1]
+             or ["g++", "clang++", "c++"])
+    if device.type == "cpu" and not any(map(shutil.which, names)):
+        return (f"on the CPU it needs a C++ compiler, and {' or '.join(names)} was not found: "
+                "install one (Visual Studio's Build Tools on Windows, Xcode's command line tools "
+                "on a Mac), or fix CXX")
+    return None
+
+
+def note_missing_gpu(device: torch.device, asked: str) -> None:
+    """Print a note, in the main process, when --device `asked` "auto" got the CPU although an
+    NVIDIA driver is installed (nvidia-smi is looked up, never run: running it takes seconds)."""
+    if asked != "auto" or device.type != "cpu" or not is_main_process() or shutil.which(
+            "nvidia-smi") is None:
+        return
+    print("note: an NVIDIA driver is installed (nvidia-smi), but this runs on the CPU: " + (
+        f"this PyTorch ({torch.__version__}) is a CPU-only build; install the CUDA build from "
+        "https://pytorch.org/get-started/locally/" if torch.version.cuda is None else
+        f"this PyTorch is built for CUDA {torch.version.cuda}, but it finds no usable GPU: the "
+        "driver may be too old for it, or CUDA_VISIBLE_DEVICES hides the GPU"))
+
+
+def memory_size(device: torch.device) -> int | None:
+    """Bytes of memory that `device` has: the GPU's own, or the machine's RAM (None: unknown)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    with contextlib.suppress(AttributeError, ValueError, OSError):  # Windows has no sysconf
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # Apple's GPUs share it
+    return None
+
+
+def check_model_size(args: argparse.Namespace, sizes: dict, device: torch.device) -> None:
+    """Refuse (UsageError) model sizes whose training cannot fit in `device`'s memory."""
+    ## Built on the "meta" device, a model has shapes but no memory: its size costs nothing.
+    with torch.device("meta"):
+        weights = sum(p.numel() for p in common.build_model(args.model, **sizes).parameters())
+    ## Training holds about 4 float32 copies: the weights, their gradients and Adam's two
+    ## averages (SGD keeps one: a little less), and --ema's one more. Activations come on top.
+    need, have = 4 * weights * (5 if args.ema else 4), memory_size(device)
+    if sizes and have is not None and need > have:
+        raise UsageError(f"{' '.join(as_words(args, ('hidden', 'channels')))} makes a model of "
+                         f"{weights:,} weights: training it takes {need / 2**30:,.1f} GiB or "
+                         f"more, and {'this GPU' if device.type == 'cuda' else 'this machine'} "
+                         f"has {have / 2**30:,.1f} GiB; give smaller sizes")
+
+
+# a training run ------------------------------------------------------------------------------
 SCRIPT = "mnist_train.py"  # the script whose runs these are, as the commands to go on name it
 ## The settings that make a run what it is, saved with it: --resume goes on with them.
 SETTINGS = ("model", "hidden", "channels", "dataset", "optimizer", "lr", "batch_size", "augment",
@@ -32,7 +248,7 @@ class Run:
     """One run of mnist_train.py, from its checks to its last line:
 
         with Run(args, parser, argv) as run:
-            train(args, run.prepare())
+            train(args, run.prepare(model_sizes(args)))
         return run.code  # 0 when the run went well
 
     Whatever stops the run (an error, Ctrl-C, `kill`, a closed output), it ends with one line
@@ -43,7 +259,7 @@ class Run:
                  argv: list[str] | None) -> None:
         self.args, self.parser, self.argv = args, parser, argv
         self.code, self.kept, self.held = 1, {}, None
-        self.master = platforms.is_main_process()  # a plain run, or torchrun's process 0
+        self.master = is_main_process()  # a plain run, or torchrun's process 0
         model = args.save_path or Path("checkpoints", f"{args.dataset.replace('-', '_')}_"
                                                       f"{args.model}.pt")
         if args.dry_run and not model.name.startswith("dry_run_"):  # never a real run's files
@@ -53,26 +269,29 @@ class Run:
 
     def __enter__(self) -> "Run":
         printable_output()  # Windows' cp1252 console: a path's letter it lacks, escaped
+        if self.argv is None:  # started from the command line, not called from Python:
+            gc.freeze()  # what the imports made is never scanned by the collector again
         self.ending.callback(self.finish)
         self.ending.enter_context(stop_signals())  # `kill` and Ctrl-Break stop it as Ctrl-C does
         return self
 
-    def prepare(self) -> RunFiles:
-        """Before any work: refuse what cannot work, hold the save path, check what --resume
-        goes on from, and set an earlier run's files aside. Returns the run's files."""
+    def prepare(self, sizes: dict) -> RunFiles:
+        """Before any work: refuse what cannot work (a model of these `sizes` too big for memory,
+        say), hold the save path, check what --resume goes on from, and set an earlier run's
+        files aside. Returns the run's files."""
         args = self.args
         args.epochs = 1 if args.dry_run else args.epochs
         try:
             device = common.get_device(args.device)
         except ValueError as err:
             raise UsageError(f"--device: {err}") from None
-        if args.compile and (problem := platforms.compile_problem(device)):
+        if args.compile and (problem := compile_problem(device)):
             raise UsageError(f"--compile: {problem}; leave --compile out to train without it")
         if args.model == "mlp" and args.channels is not None:
             raise UsageError("--channels is for --model cnn; the MLP has --hidden only")
         if args.model == "cnn" and args.hidden is not None and len(args.hidden) != 1:
             raise UsageError("--model cnn has one hidden linear layer: give --hidden one size")
-        platforms.check_model_size(args, model_sizes(args), device)  # beyond memory?
+        check_model_size(args, sizes, device)  # --hidden, --channels beyond memory?
         if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise UsageError("--tensorboard needs the tensorboard package: pip install tensorboard")
         if self.master:  # the process that writes the files
@@ -150,7 +369,7 @@ class Run:
                 os.replace(new, old)
         if self.held is not None:
             files.release(self.held)
-        platforms.leave_distributed(wait=self.code == 0)
+        leave_distributed(wait=self.code == 0)
 
 
 def check_resume(args: argparse.Namespace, parser: argparse.ArgumentParser,
@@ -201,7 +420,7 @@ def check_resume(args: argparse.Namespace, parser: argparse.ArgumentParser,
     if args.epochs <= done:
         raise UsageError(f"--resume: this run's last saved epoch is {done}; pass --epochs with "
                          f"more than {done} to go on")
-    if platforms.is_main_process():
+    if is_main_process():
         print(f"resuming {run.model}: epochs {done + 1} to {args.epochs}")
 
 
@@ -306,3 +525,58 @@ def run_script(main: Callable[[], int]) -> None:
     except (KeyboardInterrupt, OSError) as err:
         code = stopped(err, "", quiet_pipe=True)
     sys.exit(code)
+
+
+# predict.py's pictures: their names, and a line for each --------------------------------------
+def expand_patterns(paths: list[Path]) -> list[Path]:
+    """The paths, with patterns such as photos/*.jpg expanded where no shell did (Windows' cmd)."""
+    found = []
+    for path in paths:  # a file whose name looks like a pattern (photo[1].jpg) is that file
+        matches = [] if os.path.exists(path) else sorted(map(Path, glob.glob(str(path))))
+        found.extend(matches or [path])  # nothing matched: the path, which "no such file" names
+    return found
+
+
+def new_names(paths: list[Path], folder: Path | None) -> dict[Path, str]:
+    """{path: the stem of its file in `folder`}: its own, or stem-2, -3..., never one of `paths`."""
+    taken, names = {os.path.realpath(p).casefold() for p in paths}, {}  # as Windows, macOS compare
+    for path in paths:
+        name, n = path.stem, 1
+        while (real := os.path.realpath(Path(folder or ".", name + ".png")).casefold()) in taken:
+            n += 1
+            name = f"{path.stem}-{n}"
+        taken.add(real)
+        names[path] = name
+    return names
+
+
+def say(line: str, stream=None) -> None:
+    """Print a line of file names: their control characters show as \\\\n or \\\\x1b, as `ls`
+    shows them, so that no name prints as two lines or recolours the terminal."""
+    if stream is sys.stderr and sys.stdout is not None:
+        sys.stdout.flush()  # `> log.txt 2>&1`: the lines in the order they were said
+    print("".join(c if c.isprintable() else repr(c)[1:-1] for c in line), file=stream or sys.stdout)
+
+
+def failure(err: Exception, expected: type, debug: bool, prefix: str) -> str:
+    """Say what went wrong with one item of a batch, after `prefix`, and return it."""
+    if debug and not isinstance(err, expected):
+        traceback.print_exc()
+    problem = str(err) if isinstance(err, expected) else (
+        f"unexpected {type(err).__name__}: {(str(err).splitlines() or [''])[0]}. This is a bug, "
+        "not a fault of the input: please report it with the input (--debug shows the traceback).")
+    say(prefix + problem, sys.stderr)
+    return problem
+
+
+def save_input(path: Path, digit: torch.Tensor, result: dict) -> None:
+    """Save the 28 x 28 image the model saw as a PNG, whole; if that fails, say so in one line
+    and in `result` (predict.py's for the picture)."""
+    pixels = bytes((digit * 255).round().to(torch.uint8).flatten().tolist())
+    try:
+        with files.written_whole(path) as f:
+            Image.frombytes("L", (28, 28), pixels).save(f, format="PNG")
+    except files.OutputError as err:  # classified, but what it saw cannot be saved
+        problem = f"--save-input could not save what the model saw: {err}"
+        result["save_input_error"] = problem
+        say(f"{result['path']}: error: {problem}", sys.stderr)

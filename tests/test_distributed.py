@@ -109,7 +109,7 @@ def test_two_processes_with_batch_b_match_one_process_with_batch_2b(two_process_
 def test_leaving_the_process_group_stops_gloos_threads(two_process_run):
     ## A thread of gloo still running while Python shuts down can abort a finished run at exit.
     ## Creating the optimizer imports torch.distributed.nn after the group exists; without the
-    ## early import in platforms.join_torchrun, that module would keep the group, and its
+    ## early import in runs.join_torchrun, that module would keep the group, and its
     ## threads, alive after leave_distributed().
     threads = re.findall(r"threads at exit: \[[^]]*\]", two_process_run[2])
     assert len(threads) == 2 and not any("gloo" in line for line in threads), threads

@@ -29,7 +29,7 @@ from PIL import Image
 import common
 import mnist_train
 import predict
-from plumbing import command_line, files, platforms, reports, runs
+from plumbing import files, reports, runs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -855,7 +855,7 @@ def test_fashion_mnist_missing_is_named_with_its_own_folder(tmp_path, capsys, mo
 
 
 # sizes beyond memory ---------------------------------------------------------------------------
-@pytest.mark.skipif(platforms.memory_size(torch.device("cpu")) is None,
+@pytest.mark.skipif(runs.memory_size(torch.device("cpu")) is None,
                     reason="this system does not say how much memory it has (Windows)")
 @pytest.mark.parametrize("flags, says", [
     (["--hidden", "100000000"], "--hidden 100000000 makes a model of 79,500,000,010 weights: "),
@@ -976,16 +976,16 @@ def test_amp_auto_picks_float16_on_gpus_that_only_emulate_bfloat16(monkeypatch, 
     monkeypatch.setattr(torch.cuda, "get_device_capability",
                         lambda device=None: asked.append(device) or capability)
     monkeypatch.setattr(torch.version, "hip", None)
-    assert platforms.amp_dtype("auto", torch.device("cuda", 1)) == expected
+    assert runs.amp_dtype("auto", torch.device("cuda", 1)) == expected
     assert asked == [torch.device("cuda", 1)]  # the GPU that trains, not cuda:0
-    assert platforms.amp_dtype("auto", torch.device("cpu")) == torch.bfloat16
-    assert platforms.amp_dtype(None, torch.device("cpu")) is None
+    assert runs.amp_dtype("auto", torch.device("cpu")) == torch.bfloat16
+    assert runs.amp_dtype(None, torch.device("cpu")) is None
 
 
 def test_amp_fp16_on_a_mac_gpu_is_refused_with_the_alternative():
-    with pytest.raises(command_line.UsageError, match="use --amp bf16"):
-        platforms.amp_dtype("fp16", torch.device("mps"))
-    assert platforms.amp_dtype("auto", torch.device("mps")) == torch.bfloat16
+    with pytest.raises(runs.UsageError, match="use --amp bf16"):
+        runs.amp_dtype("fp16", torch.device("mps"))
+    assert runs.amp_dtype("auto", torch.device("mps")) == torch.bfloat16
 
 
 def under_torchrun(monkeypatch, local_rank=0):
@@ -1006,8 +1006,8 @@ def test_torchrun_on_a_mac_gpu_or_with_too_few_gpus_is_refused_before_any_work(
     assert "torchrun cannot use Apple's GPU (mps)" in capsys.readouterr().err
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     under_torchrun(monkeypatch, local_rank=1)
-    with pytest.raises(command_line.UsageError, match="this machine has 1 GPU.*--nproc_per_node=1"):
-        platforms.join_torchrun(torch.device("cuda"))
+    with pytest.raises(runs.UsageError, match="this machine has 1 GPU.*--nproc_per_node=1"):
+        runs.join_torchrun(torch.device("cuda"))
 
 
 @pytest.mark.parametrize("platform, backend, device_id", [
@@ -1017,7 +1017,7 @@ def test_gpus_train_with_nccl_told_their_gpu_and_on_windows_with_gloo_without_li
     import torch.distributed as dist
 
     chosen = []
-    monkeypatch.setattr(platforms.sys, "platform", platform)
+    monkeypatch.setattr(runs.sys, "platform", platform)
     monkeypatch.delenv("USE_LIBUV", raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
@@ -1026,7 +1026,7 @@ def test_gpus_train_with_nccl_told_their_gpu_and_on_windows_with_gloo_without_li
     monkeypatch.setattr(dist, "get_rank", lambda: 0)
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     under_torchrun(monkeypatch)
-    assert platforms.join_torchrun(torch.device("cuda"))[1] == torch.device("cuda", 0)
+    assert runs.join_torchrun(torch.device("cuda"))[1] == torch.device("cuda", 0)
     assert chosen == [(backend, device_id)]
     assert os.environ.get("USE_LIBUV") == ("0" if platform == "win32" else None)
 
@@ -1042,7 +1042,7 @@ def test_compile_without_a_compiler_is_refused_before_any_work(monkeypatch, tmp_
                                                                message):
     import shutil
 
-    monkeypatch.setattr(platforms.sys, "platform", platform)
+    monkeypatch.setattr(runs.sys, "platform", platform)
     monkeypatch.setattr(shutil, "which", lambda name: None)  # no cl.exe, g++ or clang++
     if cxx:
         monkeypatch.setenv("CXX", cxx)
@@ -1126,14 +1126,14 @@ def test_the_in_memory_loader_visits_every_sample_once_in_a_new_order_each_epoch
                                         device="cpu", seed=1)  # inputs: x / 255
     epochs = []
     for epoch in (1, 2):
-        loader.set_epoch(epoch)
+        loader.epoch = epoch
         epochs.append(torch.cat([t for _, t in loader]))
     assert len(loader) == 11 and [len(t) for _, t in loader][-1] == 3
     for order in epochs:
         assert sorted(order.tolist()) == list(range(103))
     assert not torch.equal(epochs[0], epochs[1])
-    loader.set_epoch(1)
-    assert torch.equal(torch.cat([t for _, t in loader]), epochs[0])  # set_epoch replays an epoch
+    loader.epoch = 1
+    assert torch.equal(torch.cat([t for _, t in loader]), epochs[0])  # epoch 1 again: its order
     inputs, targets = next(iter(loader))
     assert torch.equal((inputs.flatten() * 255).round().long(), targets)  # still paired
     ## evaluation: every sample once, in order
@@ -1148,9 +1148,9 @@ def test_the_in_memory_loader_shares_out_like_distributed_sampler(n, world, monk
     data = torch.arange(n)
     shards = []
     for rank in range(world):  # as torchrun's processes see it
-        monkeypatch.setattr(platforms, "world_and_rank", lambda: (world, rank))  # noqa: B023
+        monkeypatch.setattr(runs, "world_and_rank", lambda: (world, rank))  # noqa: B023
         loader = mnist_train.InMemoryLoader(data, data, 100, mean=0, std=1, device="cpu", seed=5)
-        loader.set_epoch(2)
+        loader.epoch = 2
         sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, seed=5)
         sampler.set_epoch(2)
         shard = next(iter(loader))[1]

@@ -1,4 +1,4 @@
-"""plumbing/runs.py, command_line.py and files.py: how the scripts end (Ctrl-C, a closed or full
+"""plumbing/runs.py, runs.py and files.py: how the scripts end (Ctrl-C, a closed or full
 output), their command lines, their output checks, and what they import."""
 
 import errno
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import digit_picture
 
-from plumbing import command_line, files, platforms, runs
+from plumbing import files, runs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -163,7 +163,7 @@ def test_the_scripts_import_no_torchvision_and_read_mnist_as_it_does(tiny_mnist,
     (["foo"], ""),
 ])
 def test_an_unknown_flag_near_a_real_one_is_named(capsys, argv, hint):
-    parser = command_line.ArgumentParser(prog="x")
+    parser = runs.ArgumentParser(prog="x")
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--lr", type=float)
     with pytest.raises(SystemExit):
@@ -193,7 +193,7 @@ def test_only_rank_0_is_the_main_process_even_before_torch_distributed_starts(mo
     ## before the processes join up, and it must come from one of them only.
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", rank)
-    assert platforms.is_main_process() is main
+    assert runs.is_main_process() is main
 
 
 def test_a_closed_output_as_an_earlier_run_s_files_are_kept_still_lets_them_be_put_back(
