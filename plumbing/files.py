@@ -394,33 +394,28 @@ def save_state(path: Path, state: dict, history: list, about: dict, settings: li
 
 # the hold on a save path ---------------------------------------------------------------------
 ## Two runs that wrote to one path at once would replace each other's model without a word. So a
-## run holds its path while it trains: it locks a hidden file beside the model, which says who
-## holds it, and deletes the file when it ends. The operating system lets go of a lock when its
-## process ends, however it ends (a crash, `kill -9`, a power cut): a lock is never left behind,
-## where a file that merely named its owner would be. Only the file stays, and the next run
-## takes it over.
+## run holds its path while it trains: it locks a hidden file beside the model, and writes in it
+## who it is. The operating system lets go of a lock when its process ends, however it ends (a
+## crash, `kill -9`, a power cut), so no hold outlives its run; a run that ends as it should
+## empties the file, and the next run that finds a name in it knows that its run was stopped.
 LOCKED_BYTE = 2**30  # Windows locks bytes, and others cannot read them: one far past the text
 
 
 def hold(model: Path, owner: str) -> BinaryIO:
     """Hold `model`'s path for this run (described by `owner`) until release(); if another run
     holds it, raise InUse."""
-    name = model.with_name(f".{model.name}.lock")
-    while True:  # again if the run before deleted the file between our open() and our lock
-        file = open(name, "a+b")  # created if missing
-        try:
-            locked = lock(file)
-            file.seek(0)
-            found = file.read().decode(errors="replace").strip()
-            if not locked:
-                raise InUse(f"{model} is in use by another run ({found or 'starting'}): wait "
-                            "until it ends, or give this run a --save-path of its own")
-            if os.path.exists(name) and os.path.samestat(os.fstat(file.fileno()), os.stat(name)):
-                break
-        except BaseException:
-            file.close()
-            raise
+    file = open(model.with_name(f".{model.name}.lock"), "a+b")  # created if missing, then kept
+    try:
+        locked = lock(file)
+        file.seek(0)
+        found = file.read().decode(errors="replace").strip()  # who holds it, or held it last
+    except BaseException:
         file.close()
+        raise
+    if not locked:
+        file.close()
+        raise InUse(f"{model} is in use by another run ({found or 'starting'}): wait until it "
+                    "ends, or give this run a --save-path of its own")
     if found:
         print(f"note: {model} was held by a run that was stopped without ending ({found}); "
               "this run takes it over")
@@ -446,13 +441,7 @@ def lock(file: BinaryIO) -> bool:
 
 
 def release(file: BinaryIO) -> None:
-    """Let go of hold()'s file, and delete it (emptied first, in case it cannot be deleted)."""
+    """Let go of hold()'s file, emptied: the next run finds no one named in it."""
     with contextlib.suppress(OSError):
         file.truncate(0)
-        file.flush()
-        if os.name != "nt":  # while still locked: a run that opened it meanwhile sees it gone
-            os.unlink(file.name)
     file.close()  # the lock goes with it
-    if os.name == "nt":  # Windows deletes no open file: now, unless another run holds it again
-        with contextlib.suppress(OSError):
-            os.unlink(file.name)

@@ -245,15 +245,10 @@ SETTINGS = ("model", "hidden", "channels", "dataset", "optimizer", "lr", "batch_
 
 
 class Run:
-    """One run of mnist_train.py, from its checks to its last line:
-
-        with Run(args, parser, argv) as run:
-            train(args, run.prepare(model_sizes(args)))
-        return run.code  # 0 when the run went well
-
-    Whatever stops the run (an error, Ctrl-C, `kill`, a closed output), it ends with one line
-    that says what is on disk; only a bug shows its traceback. A usage error exits with code 2,
-    as argparse's own do."""
+    """`with Run(args, parser, argv) as run: train(args, run.prepare(sizes))`, then `run.code`:
+    a run of mnist_train.py. Whatever stops it (an error, Ctrl-C, `kill`, a closed output), it
+    ends with one line that says what is on disk; a usage error exits with code 2, as argparse's
+    own do; only a bug shows its traceback."""
 
     def __init__(self, args: argparse.Namespace, parser: argparse.ArgumentParser,
                  argv: list[str] | None) -> None:
@@ -276,9 +271,8 @@ class Run:
         return self
 
     def prepare(self, sizes: dict) -> RunFiles:
-        """Before any work: refuse what cannot work (a model of these `sizes` too big for memory,
-        say), hold the save path, check what --resume goes on from, and set an earlier run's
-        files aside. Returns the run's files."""
+        """Before any work: refuse what cannot work (a model of `sizes` too big, say), hold the
+        save path, check what --resume goes on from, set an earlier run's files aside."""
         args = self.args
         args.epochs = 1 if args.dry_run else args.epochs
         try:
@@ -308,19 +302,19 @@ class Run:
 
     def __exit__(self, kind, err: BaseException | None, traceback) -> bool:
         with self.ending:  # then finish(), and the signals' handlers as they were
-            if err is None:
-                try:
-                    if sys.stdout is not None:  # None: started with stdout closed (`>&-`)
-                        sys.stdout.flush()  # here, where a closed output can still be caught
-                    self.code = 0
-                    return False
-                except OSError as flush_error:
-                    err = flush_error
             return self.say_how_it_ended(err)
 
-    def say_how_it_ended(self, err: BaseException) -> bool:
-        """One line for `err` (True), or False for a bug, whose traceback then shows."""
+    def say_how_it_ended(self, err: BaseException | None) -> bool:
+        """One line for `err` (True), or False for no error or a bug (its traceback shows)."""
         args = self.args
+        if err is None:
+            try:
+                if sys.stdout is not None:  # None: started with stdout closed (`>&-`)
+                    sys.stdout.flush()  # here, where a closed output can still be caught
+                self.code = 0
+                return False
+            except OSError as flush_error:
+                err = flush_error
         if isinstance(err, UsageError):
             self.parser.error(str(err))  # exit code 2, like argparse's own errors
         if isinstance(err, (KeyboardInterrupt, OSError)):  # Ctrl-C, `kill`, `| head` closed
@@ -362,8 +356,7 @@ class Run:
                 f"{best['val_accuracy']:.4f}), complete and loadable{earlier}.{next_step}")
 
     def finish(self) -> None:
-        """Put an earlier run's files back if this run saved nothing, let go of the save path,
-        and leave torchrun's processes (after the others, when the run went well)."""
+        """Put back an earlier run's files if this run saved nothing; let go of what it held."""
         if self.code != 0 and not self.files.model.exists():
             for old, new in self.kept.items():
                 os.replace(new, old)

@@ -394,20 +394,16 @@ def test_a_damaged_gz_file_is_named_as_the_likely_cause(tmp_path, no_network):
 
 
 # the hold on a save path -------------------------------------------------------------------------
-def test_a_hold_taken_as_the_run_before_lets_go_is_taken_on_the_file_that_stays(tmp_path,
-                                                                             monkeypatch):
-    ## The run before deletes its lock file as it ends. A run that opened that file just before
-    ## must not hold the deleted one: a third run would create a new file, and hold it too.
-    real_lock, calls = files.lock, []
-
-    def lock_as_the_run_before_ends(file):
-        calls.append(file.name)
-        if len(calls) == 1:
-            os.unlink(file.name)  # the run before, letting go
-        return real_lock(file)
-
-    monkeypatch.setattr(files, "lock", lock_as_the_run_before_ends)
+def test_a_hold_is_let_go_of_emptied_and_a_name_left_in_it_is_a_run_that_was_stopped(
+        tmp_path, capsys):
     held = files.hold(tmp_path / "m.pt", "this run")
-    assert len(calls) == 2 and (tmp_path / ".m.pt.lock").read_text() == "this run"
+    assert (tmp_path / ".m.pt.lock").read_text() == "this run"  # for a run that finds it held
     files.release(held)
-    assert list(tmp_path.iterdir()) == []  # released: nothing left behind
+    assert (tmp_path / ".m.pt.lock").read_text() == ""  # ended as it should
+    files.release(files.hold(tmp_path / "m.pt", "the next run"))
+    assert capsys.readouterr().out == ""  # nothing to say
+    (tmp_path / ".m.pt.lock").write_text("pid 7, killed")  # as a run killed with SIGKILL leaves it
+    files.release(files.hold(tmp_path / "m.pt", "a third run"))
+    assert capsys.readouterr().out == (f"note: {tmp_path / 'm.pt'} was held by a run that was "
+                                       "stopped without ending (pid 7, killed); this run takes "
+                                       "it over\n")

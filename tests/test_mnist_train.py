@@ -93,8 +93,9 @@ def test_trains_end_to_end_and_keeps_the_best_validation_epoch(tiny_mnist, tmp_p
     with Image.open(picture) as img:
         img.verify()  # a complete, valid PNG
     assert Image.open(picture).size[1] == math.ceil(min(64, 200 - correct) / 8) * (112 + 24 + 3) + 3
-    assert sorted(p.name for p in save_path.parent.iterdir()) == [
-        "best.csv", "best.pt", "best_last.pt", "best_mistakes.png"]
+    assert sorted(p.name for p in save_path.parent.iterdir()) == [  # and the hold's file, empty
+        ".best.pt.lock", "best.csv", "best.pt", "best_last.pt", "best_mistakes.png"]
+    assert (save_path.parent / ".best.pt.lock").read_bytes() == b""
 
 
 def test_dry_run_runs_one_batch_of_each_phase_and_replaces_only_its_own_file(
@@ -310,7 +311,7 @@ def test_a_new_run_renames_the_earlier_runs_files_instead_of_replacing_them(tiny
                                                                             capsys):
     save_path = tmp_path / "best.pt"
     assert train(tiny_mnist, save_path, "--epochs", "1") == 0
-    first = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    first = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.suffix != ".lock"}
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(save_path.stat().st_mtime))
     capsys.readouterr()
     assert train(tiny_mnist, save_path, "--epochs", "1", "--seed", "1") == 0
@@ -320,7 +321,7 @@ def test_a_new_run_renames_the_earlier_runs_files_instead_of_replacing_them(tiny
     ## the earlier run's four files, byte for byte, under the stamped names
     assert {name: (tmp_path / name.replace("best", f"best.{stamp}", 1)).read_bytes()
             for name in first} == first
-    assert len(first) == 4 and len(list(tmp_path.iterdir())) == 8
+    assert len(first) == 4 and len(list(tmp_path.iterdir())) == 9  # and the hold's file
     assert save_path.read_bytes() != first["best.pt"]  # the new run's model, where predict looks
     ## a third run in the same second as the second one keeps both earlier runs
     os.utime(save_path, (kept.stat().st_mtime,) * 2)
@@ -367,7 +368,7 @@ def test_a_signal_stops_training_with_complete_files_and_says_what_is_on_disk(
                    f"mnist_train.py --data-dir {tiny_mnist} --save-path {save_path} --val-size "
                    "200 --log-interval 5 --epochs 100000 --resume.")
     assert kept.read_bytes() == earlier
-    assert len(list(tmp_path.iterdir())) == 7  # 4 of the earlier run, 3 of this: no temporary
+    assert len(list(tmp_path.iterdir())) == 8  # 4 of the earlier run, 3 of this, the hold's
     assert signal.getsignal(sig) is previous  # main() put the caller's handler back
 
 
@@ -429,7 +430,8 @@ def test_ctrl_c_on_the_command_line_exits_130_with_one_line(tiny_mnist, tmp_path
     assert proc.returncode == 130, err[-2000:]
     assert err.strip().startswith("interrupted") and len(err.strip().splitlines()) == 1, err
     files.load_model(save_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.csv", "best.pt", "best_last.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".best.pt.lock", "best.csv", "best.pt",
+                                                          "best_last.pt"]
 
 
 def test_a_damaged_mnist_file_is_one_line(tiny_mnist_copy, tmp_path, capsys):
@@ -525,7 +527,7 @@ def test_a_disk_that_fills_up_keeps_the_previous_run_s_files(tiny_mnist, small_d
     folder = small_disk(6 * size)  # room for one run's files, not for two runs' at once
     save_path = folder / "m.pt"
     assert train(tiny_mnist, save_path, "--epochs", "1") == 0
-    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.suffix != ".lock"}
     capsys.readouterr()
     assert train(tiny_mnist, save_path, "--epochs", "2", "--seed", "1") == 1
     err = capsys.readouterr().err
@@ -538,7 +540,7 @@ def test_a_disk_that_fills_up_keeps_the_previous_run_s_files(tiny_mnist, small_d
     assert {p.name.replace(kept.stem, "m"): p.read_bytes() for p in folder.iterdir()
             if p.name.startswith(kept.stem)} == before
     assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(kept.stem)) == [
-        "m.pt"]
+        ".m.pt.lock", "m.pt"]
     files.load_model(save_path)
 
 
@@ -1197,7 +1199,7 @@ def test_a_second_run_on_a_held_path_is_refused_in_one_line_and_the_first_saves(
     assert first.wait(timeout=300) == 0, (tmp_path / "out.txt").read_text()[-3000:]
     out = (tmp_path / "out.txt").read_text()
     assert f"saved to {save_path}" in out and files.load_model(save_path)
-    assert sorted(p.name for p in save_path.parent.iterdir() if p.name.startswith(".")) == []
+    assert (save_path.parent / ".m.pt.lock").read_bytes() == b""  # let go of
 
 
 def test_two_runs_started_together_lose_no_model_they_said_they_saved(tiny_mnist, tmp_path):
@@ -1232,4 +1234,4 @@ def test_a_run_killed_with_sigkill_leaves_nothing_that_blocks_the_next(tiny_mnis
     out = capsys.readouterr().out
     assert (f"note: {save_path} was held by a run that was stopped without ending (pid "
             f"{first.pid} since ") in out and out.count("note:") == 1
-    assert files.load_model(save_path) and not (tmp_path / ".m.pt.lock").exists()
+    assert files.load_model(save_path) and (tmp_path / ".m.pt.lock").read_bytes() == b""

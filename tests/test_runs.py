@@ -223,5 +223,5 @@ def test_a_run_stopped_as_it_sets_an_earlier_run_aside_puts_its_files_back(tmp_p
     assert mnist_train.main(["--data-dir", str(tmp_path / "data"), "--save-path",
                              str(run.model)]) == 1
     assert "This run saved nothing: " in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "a.pt"]  # back, and no lock
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".a.pt.lock", "a.csv", "a.pt"]  # back
     assert run.model.read_bytes() == b"an earlier run's model"
