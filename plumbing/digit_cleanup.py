@@ -49,7 +49,8 @@ class ImageProblem(Exception):
 
 # reading a picture ---------------------------------------------------------------------------
 def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
-    """Read any picture as a float tensor H x W in 0..1 (0 = black), upright, alpha on white.
+    """Read any picture as a float tensor H x W in 0..1 (0 = black), upright; on a clear canvas,
+    its alpha channel as dark ink on white.
     `path` is a file's path, or a file object holding its bytes (io.BytesIO(data))."""
     path = Path(path) if isinstance(path, str) else path
     if isinstance(path, Path):
@@ -115,10 +116,14 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
         top = x.max()
         return (x / (65535.0 if top > 255 else 255.0 if top > 1.5 else 1.0)).clamp(0, 1)
     if img.mode in ("RGBA", "LA", "PA", "P") or "transparency" in img.info:
-        ## Transparent pixels hide any colour (often black, like the ink): put them on white
-        ## paper, as a viewer shows them. A picture opaque all over needs no compositing.
         img = img.convert("RGBA")
-        if img.getchannel("A").getextrema() != (255, 255):
+        alpha = img.getchannel("A")
+        low, high = alpha.getextrema()
+        ## Ink on a clear canvas (most pixels more than half clear, as drawing pages save it):
+        ## where alpha varies, it is the ink, and the colour decides nothing (white would vanish).
+        if low < high and sum(alpha.histogram()[:128]) > alpha.width * alpha.height / 2:
+            img = ImageOps.invert(alpha)  # dark ink on white paper
+        elif low < 255:  # an opaque canvas: its few clear pixels white, as a viewer shows them
             img = Image.alpha_composite(Image.new("RGBA", img.size, "white"), img)
     try:
         gray = img.convert("L")  # also handles CMYK, 1-bit, YCbCr and HSV images

@@ -116,6 +116,39 @@ def test_an_opaque_alpha_channel_changes_nothing_and_one_clear_pixel_is_put_on_w
     assert one_clear[1:].equal(rgb[1:]) and one_clear[0, 1:].equal(rgb[0, 1:])
 
 
+def on_clear_canvas(ink, mode):
+    """A 2 drawn as drawing pages save it: the stroke in the alpha channel of a clear canvas,
+    in colour `ink`, in mode RGBA, LA, or P (a palette of the ink at 256 opacities)."""
+    alpha = digit_picture(2, paper=(0, 0, 0), ink=(255, 255, 255)).convert("L")
+    if mode == "P":
+        img = alpha.copy()  # a pixel's palette index is its opacity
+        img.putpalette(list(ink) * 256)
+        img.info["transparency"] = bytes(range(256))
+        return img
+    img = Image.new("RGB", alpha.size, ink).convert(mode.replace("A", "") or "L")
+    img.putalpha(alpha)
+    return img
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])
+@pytest.mark.parametrize("ink", [(255, 255, 255), (0, 0, 0), (230, 40, 40), (255, 245, 120)])
+def test_ink_on_a_clear_canvas_reads_as_the_same_drawing_on_paper_whatever_its_colour(
+        tmp_path, mode, ink):
+    ## Put on white paper first, white ink would vanish, and pale yellow nearly: the alpha channel
+    ## is the drawing, and the colour under it decides nothing.
+    on_clear_canvas(ink, mode).save(tmp_path / "clear.png")
+    x = digit_of(digit_cleanup.load_gray(tmp_path / "clear.png"))
+    assert (x - reference_digit()).abs().mean() < 0.03, (mode, ink)
+
+
+def test_a_picture_clear_everywhere_is_blank_whatever_colour_lies_under_it(tmp_path):
+    img = digit_picture(2, paper=(255, 255, 255), ink=(0, 0, 0)).convert("RGBA")
+    img.putalpha(0)  # the digit's colours are still there, but nothing shows
+    img.save(tmp_path / "clear.png")
+    warning = digit_cleanup.preprocess(digit_cleanup.load_gray(tmp_path / "clear.png"))[1]
+    assert warning == "no digit found: the picture is blank (one uniform colour)"
+
+
 # reading every kind of picture ------------------------------------------------------------------
 def reference_digit():
     return digit_of(to_gray(digit_picture(2, paper=(255, 255, 255), ink=(0, 0, 0))))
