@@ -637,7 +637,7 @@ def test_no_mnist_style_digit_is_taken_for_a_speck(tiny_mnist, monkeypatch):
 
 
 @pytest.mark.parametrize("scenario", ["small", "far", "margin", "tiny", "tight", "mouse",
-                                      "thin_small"])
+                                      "thin_small", "faint"])
 def test_small_far_and_thin_digits_are_not_taken_for_specks(tiny_mnist, scenario,
                                                            monkeypatch):
     ## The benchmark's own drawing code, on the tiny font digits instead of MNIST's.
@@ -788,6 +788,36 @@ def test_a_light_gray_drawing_comes_out_like_a_black_one():
         black, light = (digit_of(to_gray(draw_digit(digit, size=(600, 600), height=420, width=2,
                                                      angle=-4, ink=ink))) for ink in (0, 200))
         assert similarity(black, light) > 0.85, digit
+
+
+## A light pen's 1-px strokes on a 28 x 28 canvas, as small paint programs save them: most of
+## the line within 50 levels of the paper, darker only where strokes cross, meet or end (where
+## the pen passed twice). Each drawing: its lines, and those darker pixels.
+FAINT_DRAWINGS = {
+    4: ([[(17, 3), (5, 18), (23, 18)], [(17, 3), (17, 25)]], [(17, 3), (17, 18), (5, 18)]),
+    7: ([[(6, 4), (22, 4), (12, 25)], [(10, 15), (20, 15)]], [(22, 4), (16, 15), (6, 4)]),
+    5: ([[(21, 4), (9, 4), (8, 13)], [(8, 13), (17, 12), (20, 18), (15, 24), (7, 22)]],
+        [(9, 4), (8, 13), (7, 22)]),
+}
+
+
+def faint_drawing(digit, line=228, darker=150):
+    """FAINT_DRAWINGS[digit] as a 28 x 28 gray picture: the line `line`, the knots `darker`."""
+    img = Image.new("L", (28, 28), 255)
+    lines, knots = FAINT_DRAWINGS[digit]
+    for points in lines:
+        ImageDraw.Draw(img).line(points, fill=line, width=1)
+    for point in knots:
+        img.putpixel(point, darker)
+    return to_gray(img)
+
+
+@pytest.mark.parametrize("digit", sorted(FAINT_DRAWINGS))
+def test_a_light_1_px_drawing_darker_where_strokes_cross_is_read_whole(digit):
+    ## Scaled to its darkest pixels, the line would be a third of the pen: only those pixels
+    ## would pass for ink, and a fragment of the digit would come out.
+    faint, black = digit_of(faint_drawing(digit)), digit_of(faint_drawing(digit, 0, 0))
+    assert similarity(faint, black) > 0.9, digit
 
 
 # several digits -------------------------------------------------------------------------------
