@@ -406,7 +406,8 @@ def make(args) -> None:
 # scoring ----------------------------------------------------------------------------------------
 def naive_input(path: Path, mean: float, std: float) -> torch.Tensor:
     """The picture squashed to 28x28 gray, inverted if the paper is light: no real preprocessing."""
-    gray = Image.open(path).convert("L").resize((28, 28), Image.BILINEAR)
+    ## RGBA first: Pillow warns of a palette with a transparency entry turned straight to gray
+    gray = Image.open(path).convert("RGBA").convert("L").resize((28, 28), Image.BILINEAR)
     x = torch.frombuffer(bytearray(gray.tobytes()), dtype=torch.uint8).view(28, 28).float() / 255
     if x.median() > 0.5:
         x = 1 - x
