@@ -9,7 +9,7 @@
     python benchmarks/realistic_digits.py speed      # a 4000 x 3000 photo; a 100 MP picture
     python benchmarks/realistic_digits.py figure     # docs/what_the_model_sees.png
 
-`make` writes 100 pictures for each of the 17 scenarios below (1,700 files, about 50 MB) and a
+`make` writes 100 pictures for each of the 19 scenarios below (1,900 files, about 50 MB) and a
 labels.csv. Everything is drawn from a fixed seed, so the set is identical on every machine.
 The digits come from the MNIST *test* set, which no model here trains on. Each picture mimics
 one way real input differs from MNIST, on top of a random tilt, size and position:
@@ -34,6 +34,10 @@ one way real input differs from MNIST, on top of a random tilt, size and positio
                  (PNG)
     thin_small   a paint program's small canvas: a 1-px pen, black or faint gray (its darkest
                  pixel 107-181 of 255), the picture 28 or 32 px square (PNG)
+    faint        a light pen's 1-px strokes on a 28 or 32 px canvas: most of the ink within 50
+                 levels of the paper, darker where strokes cross, meet or end (PNG)
+    transparent  white, black or coloured ink on a transparent canvas about 280 px square, as
+                 drawing pages save it (PNG in mode RGBA, LA, or P with a transparency entry)
 
 `roundtrip` is the clean-up's ground truth. It draws MNIST test digits (--digits of them) in
 the scenarios of KEEP_WIDTH and NEW_WIDTH, without tilt, cleans each picture up and compares the
@@ -78,13 +82,15 @@ from plumbing import digit_cleanup, files
 ## New scenarios go at the end: every picture draws from one random stream, so a scenario
 ## added in the middle would change all the pictures after it.
 SCENARIOS = ["photo", "ballpoint", "marker", "pencil", "colour", "grid", "lined", "shadow",
-             "paint", "mouse", "tight", "margin", "tiny", "small", "far", "thin", "thin_small"]
+             "paint", "mouse", "tight", "margin", "tiny", "small", "far", "thin", "thin_small",
+             "faint", "transparent"]
 ## The round trip (below) uses two groups. These draw the digit with its own stroke width, so
 ## the clean-up should give back the MNIST digit itself...
-KEEP_WIDTH = ["photo", "pencil", "colour", "shadow", "paint", "tight", "margin"]
-## ...and these change it on purpose: mouse, thin and thin_small are traced along the skeleton,
-## ballpoint and marker are a thin and a fat pen. They have no true width, only MNIST's range.
-NEW_WIDTH = ["mouse", "thin", "ballpoint", "marker", "thin_small"]
+KEEP_WIDTH = ["photo", "pencil", "colour", "shadow", "paint", "tight", "margin", "transparent"]
+## ...and these change it on purpose: mouse, thin, thin_small and faint are traced along the
+## skeleton, ballpoint and marker are a thin and a fat pen. They have no true width, only MNIST's
+## range.
+NEW_WIDTH = ["mouse", "thin", "ballpoint", "marker", "thin_small", "faint"]
 
 
 # drawing a digit -------------------------------------------------------------------------------
@@ -120,12 +126,8 @@ def skeleton(alpha: torch.Tensor) -> torch.Tensor:
     while True:
         changed = False
         for step in (0, 1):
-            p = F.pad(img, (1, 1, 1, 1))
-            h, w = img.shape
-            n = [p[0:h, 1:w + 1], p[0:h, 2:], p[1:h + 1, 2:], p[2:, 2:],  # p2 (up), clockwise
-                 p[2:, 1:w + 1], p[2:, 0:w], p[1:h + 1, 0:w], p[0:h, 0:w]]
+            n, transitions = around(img)
             count = sum(n)
-            transitions = sum(((n[i] == 0) & (n[(i + 1) % 8] == 1)).float() for i in range(8))
             if step == 0:
                 extra = (n[0] * n[2] * n[4] == 0) & (n[2] * n[4] * n[6] == 0)
             else:
@@ -136,6 +138,23 @@ def skeleton(alpha: torch.Tensor) -> torch.Tensor:
                 changed = True
         if not changed:
             return full
+
+
+def around(img: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each pixel's 8 neighbours, clockwise from the one above (p2 to p9 in Zhang and Suen's
+    paper), and how many times that ring of neighbours goes from paper to ink."""
+    p = F.pad(img, (1, 1, 1, 1))
+    h, w = img.shape
+    n = [p[0:h, 1:w + 1], p[0:h, 2:], p[1:h + 1, 2:], p[2:, 2:],
+         p[2:, 1:w + 1], p[2:, 0:w], p[1:h + 1, 0:w], p[0:h, 0:w]]
+    return n, sum(((n[i] == 0) & (n[(i + 1) % 8] == 1)).float() for i in range(8))
+
+
+def knots(line: torch.Tensor) -> torch.Tensor:
+    """The pixels of a 1-pixel line where strokes cross or meet (3 branches or more) or end (1
+    neighbour): where a pen goes over the same spot again, or rests."""
+    n, branches = around(line)
+    return line * ((branches >= 3) | (sum(n) == 1)).float()
 
 
 def rotate(alpha: torch.Tensor, degrees: float) -> torch.Tensor:
@@ -240,6 +259,13 @@ def render(digit: torch.Tensor, scenario: str, rng: random.Random, g: torch.Gene
         paper, light, sigma, noise, margin = (1.0,) * 3, 0.0, 0.0, 0.0, 0.2
         dark, faint = rng.uniform(0.0, 0.15), rng.uniform(0.42, 0.71)  # 0.42-0.71: 107-181
         ink, thin, height = (dark if rng.random() < 0.5 else faint,) * 3, True, 140
+    elif scenario == "faint":  # drawn big, a 1-px line, then redrawn small by faint_pen()
+        paper, ink, light, sigma, noise, margin = (1.0,) * 3, (0.0,) * 3, 0.0, 0.0, 0.0, 0.2
+        thin, height, opacity = True, 140, rng.uniform(0.16, 0.26)
+    elif scenario == "transparent":  # the digit's 20-px box 200 px tall: a canvas about 280 px
+        height, margin = 200, 0.2
+        ink = rng.choice([(1.0,) * 3, (0.0,) * 3, (0.85, 0.1, 0.1), (0.1, 0.3, 0.9),
+                          (0.1, 0.6, 0.2), (1.0, 0.85, 0.1)])  # white, black, red, blue...
 
     if scenario == "small":
         alpha = small_digit_alpha(digit, height, anti_aliased, rng.uniform(-8, 8))
@@ -258,6 +284,8 @@ def render(digit: torch.Tensor, scenario: str, rng: random.Random, g: torch.Gene
             alpha = torch.maximum(alpha, F.pad(alpha, (1, 0))[:, :-1])
         if scenario == "thin_small":  # 7 px: one pixel once the 200-odd px picture is 28 or 32
             alpha = change_width(alpha, 3)
+        if scenario == "faint":  # two passes more where strokes cross, meet or end: a pass
+            alpha = alpha + 2 * 7 * knots(alpha)  # is about 7 px of this line, 1 px saved
     degrees = rng.uniform(-8, 8)  # drawn in a round trip too: the same random numbers follow
     if round_trip:
         degrees, width_change = 0.0, 0 if scenario in KEEP_WIDTH else width_change
@@ -267,12 +295,24 @@ def render(digit: torch.Tensor, scenario: str, rng: random.Random, g: torch.Gene
     h, w = ah + 2 * pad + rng.randint(0, pad + 1), aw + 2 * pad + rng.randint(0, pad + 1)
     ## paint() shrinks a tiny picture to a square: in a round trip it is made square first, or
     ## a narrow digit (a 1) comes back stretched sideways, bolder than the original.
-    if (round_trip and scenario == "tiny") or scenario == "thin_small":  # a square canvas
+    if (round_trip and scenario == "tiny") or scenario in ("thin_small", "faint"):  # square
         h = w = max(h, w)
     top, left = rng.randint(0, h - ah), rng.randint(0, w - aw)
     full = torch.zeros(h, w)
     full[top:top + ah, left:left + aw] = alpha
+    if scenario == "faint":
+        full = faint_pen(full, rng.choice([28, 32]), opacity)
     return paint(full, scenario, rng, g, paper, ink, light, sigma, noise, quality, height)
+
+
+def faint_pen(line: torch.Tensor, side: int, opacity: float) -> torch.Tensor:
+    """A 1-px line drawn on a big square canvas, redrawn on a side x side one by a light pen:
+    each pass over a pixel covers `opacity` of what shows through, and a pixel is passed over
+    as often as the line crosses it (a pixel's length of line: one pass), more where `line`
+    holds more than 1. Most of the line gets one pass or less; crossings get two more."""
+    block = line.shape[0] / side  # big pixels per small one, across
+    passes = F.adaptive_avg_pool2d(line[None, None], side)[0, 0] * block
+    return 1 - (1 - opacity) ** passes
 
 
 def small_digit_alpha(digit: torch.Tensor, height: int, anti_aliased: bool,
@@ -289,8 +329,10 @@ def paint(full: torch.Tensor, scenario: str, rng: random.Random, g: torch.Genera
           height: int) -> tuple[Image.Image, str]:
     """Lay ink (`full`, 0..1) on paper, light it, blur and noise it; return (image, suffix)."""
     h, w = full.shape
+    if scenario == "transparent":
+        return transparent(full, ink, rng.choice(["RGBA", "LA", "P"])), ".png"
     canvas = torch.tensor(paper).view(3, 1, 1).expand(3, h, w)
-    if scenario not in ("thin", "thin_small"):  # a paint program's canvas is evenly white
+    if scenario not in ("thin", "thin_small", "faint"):  # a paint program's canvas is white
         canvas = canvas * (1 + 0.04 * smooth_noise(h, w, 6, g))
     if scenario in ("grid", "lined"):
         step = rng.randint(max(8, height // 6), max(12, height // 3))
@@ -313,10 +355,29 @@ def paint(full: torch.Tensor, scenario: str, rng: random.Random, g: torch.Genera
         canvas = F.interpolate(canvas[None], size=(side, side), mode="area")[0]
     pixels = (canvas.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous()
     img = Image.frombytes("RGB", (pixels.shape[1], pixels.shape[0]), pixels.numpy().tobytes())
-    if scenario in ("paint", "mouse", "thin", "thin_small"):
+    if scenario in ("paint", "mouse", "thin", "thin_small", "faint"):
         return img, ".png"
     img.info["quality"] = quality
     return img, ".jpg"
+
+
+def transparent(full: torch.Tensor, ink, mode: str) -> Image.Image:
+    """The ink `full` (0..1) as the alpha channel of a clear canvas, in colour `ink`, in `mode`:
+    RGBA; LA (the ink's gray); or P, a palette of the ink at 256 opacities (a transparency
+    entry per colour). Clear pixels are black underneath, as a web page's canvas stores them."""
+    alpha = (full * 255).round().to(torch.uint8)
+    size = (full.shape[1], full.shape[0])
+    if mode == "P":
+        img = Image.frombytes("P", size, alpha.numpy().tobytes())  # index = opacity
+        img.putpalette([round(c * 255) for c in ink] * 256)
+        img.info["transparency"] = bytes(range(256))
+        return img
+    colour = Image.new("RGB", size, tuple(round(c * 255) for c in ink))
+    a = Image.frombytes("L", size, alpha.numpy().tobytes())
+    colour = Image.composite(colour, Image.new("RGB", size), a.point(lambda v: 255 * (v > 0)))
+    img = colour.convert("RGBA") if mode == "RGBA" else colour.convert("L").convert("LA")
+    img.putalpha(a)
+    return img
 
 
 def make(args) -> None:
@@ -344,7 +405,8 @@ def make(args) -> None:
 # scoring ----------------------------------------------------------------------------------------
 def naive_input(path: Path, mean: float, std: float) -> torch.Tensor:
     """The picture squashed to 28x28 gray, inverted if the paper is light: no real preprocessing."""
-    gray = Image.open(path).convert("L").resize((28, 28), Image.BILINEAR)
+    ## RGBA first: Pillow warns of a palette with a transparency entry turned straight to gray
+    gray = Image.open(path).convert("RGBA").convert("L").resize((28, 28), Image.BILINEAR)
     x = torch.frombuffer(bytearray(gray.tobytes()), dtype=torch.uint8).view(28, 28).float() / 255
     if x.median() > 0.5:
         x = 1 - x

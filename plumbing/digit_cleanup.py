@@ -49,7 +49,8 @@ class ImageProblem(Exception):
 
 # reading a picture ---------------------------------------------------------------------------
 def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
-    """Read any picture as a float tensor H x W in 0..1 (0 = black), upright, alpha on white.
+    """Read any picture as a float tensor H x W in 0..1 (0 = black), upright; on a clear canvas,
+    its alpha channel as dark ink on white.
     `path` is a file's path, or a file object holding its bytes (io.BytesIO(data))."""
     path = Path(path) if isinstance(path, str) else path
     if isinstance(path, Path):
@@ -118,10 +119,14 @@ def load_gray(path: str | Path | BinaryIO) -> torch.Tensor:
         top = x.max()
         return (x / (65535.0 if top > 255 else 255.0 if top > 1.5 else 1.0)).clamp(0, 1)
     if img.mode in ("RGBA", "LA", "PA", "P") or "transparency" in img.info:
-        ## Transparent pixels hide any colour (often black, like the ink): put them on white
-        ## paper, as a viewer shows them. A picture opaque all over needs no compositing.
         img = img.convert("RGBA")
-        if img.getchannel("A").getextrema() != (255, 255):
+        alpha = img.getchannel("A")
+        low, high = alpha.getextrema()
+        ## Ink on a clear canvas (most pixels more than half clear, as drawing pages save it):
+        ## where alpha varies, it is the ink, and the colour decides nothing (white would vanish).
+        if low < high and sum(alpha.histogram()[:128]) > alpha.width * alpha.height / 2:
+            img = ImageOps.invert(alpha)  # dark ink on white paper
+        elif low < 255:  # an opaque canvas: its few clear pixels white, as a viewer shows them
             img = Image.alpha_composite(Image.new("RGBA", img.size, "white"), img)
     try:
         gray = img.convert("L")  # also handles CMYK, 1-bit, YCbCr and HSV images
@@ -284,12 +289,22 @@ def ink_map(x: torch.Tensor, dark_ink: bool, block: int) -> torch.Tensor:
     else:
         ink = (x - paper) / (1 - paper).clamp(min=0.1)
     ## A pencil is fainter than a marker: among the pixels that stand out from the grain, the
-    ## strong group (Otsu's threshold) is the pen, and its 90th percentile becomes 1.
+    ## strong group (Otsu's threshold) is the pen, and its 90th percentile becomes 1...
     clear = ink[ink > ink_cut(ink)]
     if clear.numel() == 0:
         return torch.zeros_like(ink)
-    strong = clear[clear >= otsu_threshold(clear)]
-    return (ink / top_quantile(strong, 0.9)).clamp(0, 1)
+    threshold = otsu_threshold(clear)
+    pen = top_quantile(clear[clear >= threshold], 0.9)
+    ## ...unless most of that ink is fainter than the group: a light pen's line, darker only
+    ## where it crossed itself, would break into pieces. Then the pen is the strokes' typical ink
+    ## along their middle (ridges: at least as inky as both neighbours, across or down), the
+    ## strokes being the ink that stands out by 15% of the pen and touches it, not ruled lines.
+    if (clear < threshold).float().mean() > 0.5:
+        ridges = (ink >= window_max(ink, 1, 3)) | (ink >= window_max(ink, 3, 1))
+        strokes = grow(ink >= pen, ink > 0.15 * pen)
+        typical = ink[strokes & ~ruled_lines(strokes) & ridges].median()
+        pen = typical if typical < threshold else pen  # no ridge: NaN, never less
+    return (ink / pen).clamp(0, 1)
 
 
 def otsu_threshold(values: torch.Tensor) -> float:
@@ -389,7 +404,7 @@ def keep_digit(mask: torch.Tensor) -> torch.Tensor:
     ## However small, a piece close to the strokes is part of a stroke that broke apart (a faint
     ## loop top as a row of dashes): widened by a 32nd of the digit's size, dashes touch.
     k = int(size) // 32 * 2 + 1  # odd: the window that widens
-    joined = components(window_max(small.float(), k) > 0)
+    joined = components(window_max(small.float(), k) > 0) if k > 1 else labels  # 1: as it is
     ## linked: the blobs with pixels (a count above 0) in the main blob's widened region
     linked = torch.bincount(labels[joined == joined[labels == main][0]], minlength=count + 1) > 0
     ## A piece stays if it has 5% of the main blob's area, or is linked, within half a digit (a
@@ -460,9 +475,10 @@ def components(mask: torch.Tensor) -> torch.Tensor:
     ## 3. Number the regions 1, 2, ... in reading order, and paint the runs: on the pixels in
     ##    reading order (one extra slot at the end), +number where a run starts and -number just
     ##    after it ends; a running sum then gives each run's pixels its number, 0 between runs.
-    numbers = {}  # each region's root run: its number
-    number = torch.tensor([numbers.setdefault(root(i), len(numbers) + 1)
-                           for i in range(len(parent))], dtype=torch.long)
+    for i in range(len(parent)):  # each run to its region's root, its first run: always earlier
+        parent[i] = parent[parent[i]]
+    roots = torch.tensor(parent, dtype=torch.long)
+    number = (roots == torch.arange(len(parent))).cumsum(0)[roots]  # each root's rank: 1, 2...
     paint = torch.zeros(h * w + 1, dtype=torch.long)
     paint.index_add_(0, run_rows * w + run_firsts, number)
     paint.index_add_(0, run_rows * w + run_lasts + 1, -number)

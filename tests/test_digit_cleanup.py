@@ -116,6 +116,39 @@ def test_an_opaque_alpha_channel_changes_nothing_and_one_clear_pixel_is_put_on_w
     assert one_clear[1:].equal(rgb[1:]) and one_clear[0, 1:].equal(rgb[0, 1:])
 
 
+def on_clear_canvas(ink, mode):
+    """A 2 drawn as drawing pages save it: the stroke in the alpha channel of a clear canvas,
+    in colour `ink`, in mode RGBA, LA, or P (a palette of the ink at 256 opacities)."""
+    alpha = digit_picture(2, paper=(0, 0, 0), ink=(255, 255, 255)).convert("L")
+    if mode == "P":
+        img = alpha.copy()  # a pixel's palette index is its opacity
+        img.putpalette(list(ink) * 256)
+        img.info["transparency"] = bytes(range(256))
+        return img
+    img = Image.new("RGB", alpha.size, ink).convert(mode.replace("A", "") or "L")
+    img.putalpha(alpha)
+    return img
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])
+@pytest.mark.parametrize("ink", [(255, 255, 255), (0, 0, 0), (230, 40, 40), (255, 245, 120)])
+def test_ink_on_a_clear_canvas_reads_as_the_same_drawing_on_paper_whatever_its_colour(
+        tmp_path, mode, ink):
+    ## Put on white paper first, white ink would vanish, and pale yellow nearly: the alpha channel
+    ## is the drawing, and the colour under it decides nothing.
+    on_clear_canvas(ink, mode).save(tmp_path / "clear.png")
+    x = digit_of(digit_cleanup.load_gray(tmp_path / "clear.png"))
+    assert (x - reference_digit()).abs().mean() < 0.03, (mode, ink)
+
+
+def test_a_picture_clear_everywhere_is_blank_whatever_colour_lies_under_it(tmp_path):
+    img = digit_picture(2, paper=(255, 255, 255), ink=(0, 0, 0)).convert("RGBA")
+    img.putalpha(0)  # the digit's colours are still there, but nothing shows
+    img.save(tmp_path / "clear.png")
+    warning = digit_cleanup.preprocess(digit_cleanup.load_gray(tmp_path / "clear.png"))[1]
+    assert warning == "no digit found: the picture is blank (one uniform colour)"
+
+
 # reading every kind of picture ------------------------------------------------------------------
 def reference_digit():
     return digit_of(to_gray(digit_picture(2, paper=(255, 255, 255), ink=(0, 0, 0))))
@@ -173,10 +206,27 @@ def test_a_picture_from_a_pipe_is_read_not_called_empty(tmp_path):
 def test_a_named_pipe_among_the_pictures_is_refused_not_waited_on(tmp_path):
     if not hasattr(os, "mkfifo"):
         pytest.skip("no named pipes on Windows")
+    import threading
+
     os.mkfifo(fifo := tmp_path / "pipe.png")  # nobody writes to it: opening it would wait for ever
-    for path in ("/dev/zero", fifo):  # a device that never ends, then the pipe
-        with pytest.raises(digit_cleanup.ImageProblem, match="is not a regular file"):
+    said = {}
+
+    def read(path):
+        try:
             digit_cleanup.load_gray(path)
+        except digit_cleanup.ImageProblem as err:
+            said[path] = str(err)
+
+    for path in ("/dev/zero", fifo):  # a device that never ends, then the pipe
+        ## In a thread, so that a reader left waiting fails the test instead of hanging the run
+        reader = threading.Thread(target=read, args=(path,), daemon=True)
+        reader.start()
+        reader.join(timeout=30)
+        waited = reader.is_alive()
+        if waited:  # still waiting on the pipe: opening its other end lets the reader go
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        assert not waited, f"{path} was waited on, not refused"
+        assert "is not a regular file" in said.get(path, "no ImageProblem"), path
 
 
 def tiny_png_header(width, height):
@@ -585,7 +635,7 @@ def test_no_mnist_style_digit_is_taken_for_a_speck(tiny_mnist, monkeypatch):
 
 
 @pytest.mark.parametrize("scenario", ["small", "far", "margin", "tiny", "tight", "mouse",
-                                      "thin_small"])
+                                      "thin_small", "faint"])
 def test_small_far_and_thin_digits_are_not_taken_for_specks(tiny_mnist, scenario,
                                                            monkeypatch):
     ## The benchmark's own drawing code, on the tiny font digits instead of MNIST's.
@@ -732,6 +782,36 @@ def test_a_light_gray_drawing_comes_out_like_a_black_one():
         black, light = (digit_of(to_gray(draw_digit(digit, size=(600, 600), height=420, width=2,
                                                      angle=-4, ink=ink))) for ink in (0, 200))
         assert similarity(black, light) > 0.85, digit
+
+
+## A light pen's 1-px strokes on a 28 x 28 canvas, as small paint programs save them: most of
+## the line within 50 levels of the paper, darker only where strokes cross, meet or end (where
+## the pen passed twice). Each drawing: its lines, and those darker pixels.
+FAINT_DRAWINGS = {
+    4: ([[(17, 3), (5, 18), (23, 18)], [(17, 3), (17, 25)]], [(17, 3), (17, 18), (5, 18)]),
+    7: ([[(6, 4), (22, 4), (12, 25)], [(10, 15), (20, 15)]], [(22, 4), (16, 15), (6, 4)]),
+    5: ([[(21, 4), (9, 4), (8, 13)], [(8, 13), (17, 12), (20, 18), (15, 24), (7, 22)]],
+        [(9, 4), (8, 13), (7, 22)]),
+}
+
+
+def faint_drawing(digit, line=228, darker=150):
+    """FAINT_DRAWINGS[digit] as a 28 x 28 gray picture: the line `line`, the knots `darker`."""
+    img = Image.new("L", (28, 28), 255)
+    lines, knots = FAINT_DRAWINGS[digit]
+    for points in lines:
+        ImageDraw.Draw(img).line(points, fill=line, width=1)
+    for point in knots:
+        img.putpixel(point, darker)
+    return to_gray(img)
+
+
+@pytest.mark.parametrize("digit", sorted(FAINT_DRAWINGS))
+def test_a_light_1_px_drawing_darker_where_strokes_cross_is_read_whole(digit):
+    ## Scaled to its darkest pixels, the line would be a third of the pen: only those pixels
+    ## would pass for ink, and a fragment of the digit would come out.
+    faint, black = digit_of(faint_drawing(digit)), digit_of(faint_drawing(digit, 0, 0))
+    assert similarity(faint, black) > 0.9, digit
 
 
 # several digits -------------------------------------------------------------------------------

@@ -408,7 +408,8 @@ def still_open(connection: socket.socket) -> bool:
     """Whether the server has neither answered nor closed this connection yet."""
     connection.settimeout(0)  # a look at what has arrived, without waiting
     try:
-        return not connection.recv(1, socket.MSG_PEEK)  # b"": closed; a byte: an answer
+        connection.recv(1, socket.MSG_PEEK)  # b"": closed; a byte: an answer. Either way...
+        return False  # ...no longer open
     except BlockingIOError:  # nothing yet, and no end of the stream: still open
         return True
     except OSError:  # reset
@@ -523,7 +524,9 @@ def test_pictures_over_the_memory_for_uploads_get_503_until_it_is_given_back(mon
     ## 1000 bytes for all the pictures in memory (20 MB x 4 in use): one upload has sent 800 of
     ## its 900 bytes, so another of 500 bytes would be over.
     monkeypatch.setattr(digit_server, "BODIES_HELD", 1000)
-    with serving() as server:
+    ## A long deadline for bodies (10 s in use): on a busy machine the first upload's stall
+    ## must not be cut off before the requests that need its 800 bytes held.
+    with serving(body_seconds=600) as server:
         port = server.server_port
         first = stalled(port, post_head(port, 900) + bytes(800))
         wait_until(lambda: server.held == 800, "holding the first upload's 800 bytes")
